@@ -1,0 +1,68 @@
+"""Time sources, injected everywhere instead of read from globals.
+
+Deadlines (lease validity, timeouts) live on a monotonic clock; wall time is used only for
+schedule anchors and for display. Tests pass :class:`fastapi_singletonjob.testing.FakeClock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timezone
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Clock", "SystemClock"]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """What the library needs to know about time."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never jumps; only differences are meaningful."""
+        ...
+
+    def now(self) -> datetime:
+        """The current wall-clock time, timezone-aware (UTC)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Suspend the calling task for ``seconds`` of monotonic time."""
+        ...
+
+
+def _monotonic_source() -> int | None:
+    # CLOCK_BOOTTIME also counts time spent suspended (a paused VM, a laptop lid), so a
+    # lease deadline measured on it expires during a suspend, as the lock in Redis does.
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None:
+        return None
+    try:
+        time.clock_gettime(clock_id)
+    except OSError:
+        return None
+    return int(clock_id)
+
+
+class SystemClock:
+    """The real clock: ``CLOCK_BOOTTIME`` where the OS has it, else ``time.monotonic``."""
+
+    def __init__(self) -> None:
+        self._clock_id = _monotonic_source()
+
+    def monotonic(self) -> float:
+        """See :meth:`Clock.monotonic`."""
+        if self._clock_id is None:
+            return time.monotonic()
+        return time.clock_gettime(self._clock_id)
+
+    def now(self) -> datetime:
+        """See :meth:`Clock.now`."""
+        return datetime.now(timezone.utc)
+
+    async def sleep(self, seconds: float) -> None:
+        """See :meth:`Clock.sleep`."""
+        await asyncio.sleep(max(seconds, 0.0))
+
+    def __repr__(self) -> str:
+        return "SystemClock()"

@@ -1,0 +1,361 @@
+"""``SingletonJobs``: settings, job registration, and the lifespan that runs them."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+
+from ._clock import Clock, SystemClock
+from ._config import MIN_PERIOD_S, Duration, Settings, check_expiry, check_name, to_seconds
+from ._engine import Engine
+from ._exceptions import ConfigurationError
+from ._job import JobSpec, LeadershipLostPolicy, ScheduleKind
+from ._redis_store import RedisLeaseStore
+from ._schedule import Cron, FixedRate, Interval, Schedule
+from ._store import LeaseStore, MemoryLeaseStore
+
+__all__ = ["SingletonJobs"]
+
+logger = logging.getLogger("fastapi_singletonjob")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SingletonJobs:
+    """A set of periodic jobs, each run by exactly one replica at a time.
+
+    Every argument may also come from the environment (``SINGLETONJOB_REDIS_URL``,
+    ``SINGLETONJOB_PROJECT``, ``SINGLETONJOB_NODE_ID``, ``SINGLETONJOB_HEARTBEAT_INTERVAL``,
+    ``SINGLETONJOB_LOCK_EXPIRY``, ``SINGLETONJOB_MAX_BACKOFF``,
+    ``SINGLETONJOB_SHUTDOWN_TIMEOUT``, durations in seconds); explicit arguments win.
+
+    :param redis_url: ``redis://``, ``rediss://``, ``unix://``, or ``memory://`` (one process
+        only, for development and tests). Default ``redis://localhost:6379/0``.
+    :param redis: a ``redis.asyncio.Redis`` client you own, instead of ``redis_url``; the
+        library copies its connection settings into a small pool of its own (without
+        client-side retries) and never closes your client.
+    :param project: namespaces every key; required (a shared default would let unrelated
+        deployments elect each other).
+    :param node_id: this replica's name in locks, logs and status; default pod or host name,
+        pid and a short random suffix.
+    :param heartbeat_interval: how often leases are renewed and free locks tried (3 s).
+    :param lock_expiry: lease time; a dead leader is replaced about this long after its last
+        renewal (10 s). Must exceed the heartbeat; 3x or more is recommended.
+    :param max_backoff: cap of the retry delay while the store is unreachable (30 s).
+    :param shutdown_timeout: how long shutdown lets runs in flight finish before cancelling
+        them (10 s).
+    :param clock: a :class:`~fastapi_singletonjob.testing.FakeClock` in tests; default the
+        system clock.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        redis: Redis | None = None,
+        project: str | None = None,
+        node_id: str | None = None,
+        heartbeat_interval: Duration | None = None,
+        lock_expiry: Duration | None = None,
+        max_backoff: Duration | None = None,
+        shutdown_timeout: Duration | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if redis_url is not None and redis is not None:
+            raise ConfigurationError(
+                "pass either redis_url= or redis=, not both", field="redis_url"
+            )
+        if redis is not None and not isinstance(redis, Redis):
+            raise ConfigurationError(
+                f"redis={type(redis).__name__} is not a redis.asyncio.Redis client; pass one, "
+                "or use redis_url=",
+                field="redis",
+            )
+        self.settings = Settings.build(
+            redis_url=redis_url,
+            has_client=redis is not None,
+            project=project,
+            node_id=node_id,
+            heartbeat_interval=heartbeat_interval,
+            lock_expiry=lock_expiry,
+            max_backoff=max_backoff,
+            shutdown_timeout=shutdown_timeout,
+        )
+        self._client = redis
+        self._clock: Clock = clock or SystemClock()
+        self._specs: dict[str, JobSpec] = {}
+        self._engine: Engine | None = None
+
+    @property
+    def node_id(self) -> str:
+        """This replica's id."""
+        return self.settings.node_id
+
+    @property
+    def project(self) -> str:
+        """The project namespace."""
+        return self.settings.project
+
+    @property
+    def jobs(self) -> dict[str, JobSpec]:
+        """The registered jobs by name (a copy)."""
+        return dict(self._specs)
+
+    @property
+    def engine(self) -> Engine | None:
+        """The running machinery between startup and shutdown, else None."""
+        return self._engine
+
+    # -- registration ---------------------------------------------------------------------
+
+    def interval(
+        self,
+        name: str,
+        every: Duration,
+        *,
+        enabled: bool = True,
+        timeout: Duration | None = None,
+        on_leadership_lost: LeadershipLostPolicy = "finish",
+        lock_expiry: Duration | None = None,
+    ) -> Callable[[F], F]:
+        """Run the decorated function as soon as this node leads, then ``every`` after
+        each run ends (run, then wait)."""
+        every_s = to_seconds(every, field="every", job=name, minimum_s=MIN_PERIOD_S)
+        return self._decorator(
+            name,
+            Interval(every_s),
+            "interval",
+            enabled=enabled,
+            timeout=timeout,
+            on_leadership_lost=on_leadership_lost,
+            lock_expiry=lock_expiry,
+        )
+
+    def fixed_rate(
+        self,
+        name: str,
+        every: Duration,
+        *,
+        offset: Duration = 0.0,
+        enabled: bool = True,
+        timeout: Duration | None = None,
+        on_leadership_lost: LeadershipLostPolicy = "finish",
+        lock_expiry: Duration | None = None,
+    ) -> Callable[[F], F]:
+        """Run the decorated function on a grid of instants ``epoch + offset + k * every``
+        shared by all replicas; a tick that comes while a run is still going is dropped."""
+        every_s = to_seconds(every, field="every", job=name, minimum_s=MIN_PERIOD_S)
+        offset_s = to_seconds(offset, field="offset", job=name, allow_zero=True)
+        if offset_s >= every_s:
+            raise ConfigurationError(
+                f"offset={offset_s:g}s must be shorter than every={every_s:g}s",
+                job=name,
+                field="offset",
+            )
+        return self._decorator(
+            name,
+            FixedRate(every_s, offset_s),
+            "fixed_rate",
+            enabled=enabled,
+            timeout=timeout,
+            on_leadership_lost=on_leadership_lost,
+            lock_expiry=lock_expiry,
+        )
+
+    def cron(
+        self,
+        name: str,
+        expression: str,
+        *,
+        timezone: str = "UTC",
+        misfire_grace: Duration | None = None,
+        enabled: bool = True,
+        timeout: Duration | None = None,
+        on_leadership_lost: LeadershipLostPolicy = "finish",
+        lock_expiry: Duration | None = None,
+    ) -> Callable[[F], F]:
+        """Run the decorated function at the instants of a cron expression (5 fields, or 6
+        with seconds last), in ``timezone``. A run may start up to ``misfire_grace`` after
+        its instant (default: until the next instant)."""
+        check_name(name, field="name")
+        try:
+            schedule = Cron(expression, timezone)
+        except ValueError as exc:
+            field = "timezone" if "timezone=" in str(exc) else "expression"
+            raise ConfigurationError(str(exc), job=name, field=field) from None
+        grace_s = (
+            None
+            if misfire_grace is None
+            else to_seconds(misfire_grace, field="misfire_grace", job=name, allow_zero=True)
+        )
+        return self._decorator(
+            name,
+            schedule,
+            "cron",
+            enabled=enabled,
+            timeout=timeout,
+            on_leadership_lost=on_leadership_lost,
+            lock_expiry=lock_expiry,
+            misfire_grace_s=grace_s,
+        )
+
+    def schedule(
+        self,
+        name: str,
+        schedule: Schedule,
+        *,
+        misfire_grace: Duration | None = None,
+        enabled: bool = True,
+        timeout: Duration | None = None,
+        on_leadership_lost: LeadershipLostPolicy = "finish",
+        lock_expiry: Duration | None = None,
+    ) -> Callable[[F], F]:
+        """Run the decorated function at the instants of any object with a
+        ``next_fire(after: datetime) -> datetime | None`` method."""
+        if not callable(getattr(schedule, "next_fire", None)):
+            raise ConfigurationError(
+                f"schedule={schedule!r} has no next_fire(after) method; pass an object "
+                "that returns the next fire time after a given aware datetime, or None",
+                job=name,
+                field="schedule",
+            )
+        grace_s = (
+            None
+            if misfire_grace is None
+            else to_seconds(misfire_grace, field="misfire_grace", job=name, allow_zero=True)
+        )
+        return self._decorator(
+            name,
+            schedule,
+            "custom",
+            enabled=enabled,
+            timeout=timeout,
+            on_leadership_lost=on_leadership_lost,
+            lock_expiry=lock_expiry,
+            misfire_grace_s=grace_s,
+        )
+
+    def _decorator(
+        self,
+        name: str,
+        schedule: Schedule,
+        kind: ScheduleKind,
+        *,
+        enabled: bool,
+        timeout: Duration | None,
+        on_leadership_lost: LeadershipLostPolicy,
+        lock_expiry: Duration | None,
+        misfire_grace_s: float | None = None,
+    ) -> Callable[[F], F]:
+        check_name(name, field="name")
+        if name in self._specs:
+            raise ConfigurationError(
+                "a job with this name is already registered; job names must be unique "
+                "within a project",
+                job=name,
+                field="name",
+            )
+        timeout_s = None if timeout is None else to_seconds(timeout, field="timeout", job=name)
+        expiry_s = None
+        if lock_expiry is not None:
+            expiry_s = to_seconds(lock_expiry, field="lock_expiry", job=name)
+            check_expiry(
+                expiry_s, self.settings.heartbeat_interval_s, field="lock_expiry", job=name
+            )
+
+        def register(func: F) -> F:
+            if self._engine is not None:
+                raise ConfigurationError(
+                    "jobs must be registered before startup", job=name, field="name"
+                )
+            if name in self._specs:
+                raise ConfigurationError(
+                    "a job with this name is already registered", job=name, field="name"
+                )
+            self._specs[name] = JobSpec(
+                name=name,
+                func=func,
+                schedule=schedule,
+                kind=kind,
+                enabled=enabled,
+                timeout_s=timeout_s,
+                on_leadership_lost=on_leadership_lost,
+                lock_expiry_s=expiry_s,
+                misfire_grace_s=misfire_grace_s,
+            )
+            return func
+
+        return register
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _open_store(self) -> LeaseStore:
+        if self._client is not None:
+            return RedisLeaseStore(self.project, client=self._client)
+        url = self.settings.redis_url
+        assert url is not None
+        if url.startswith("memory:"):
+            return MemoryLeaseStore(self.project, self._clock, url)
+        return RedisLeaseStore(
+            self.project, url=url, connect_timeout_s=self.settings.heartbeat_interval_s
+        )
+
+    async def start(self) -> None:
+        """Start electing and running the jobs; returns at once (also when Redis is down)."""
+        if self._engine is not None:
+            raise RuntimeError(f"SingletonJobs {self.project!r} is already started")
+        store = self._open_store()
+        engine = Engine(self.settings, list(self._specs.values()), store, self._clock)
+        try:
+            await engine.start()
+        except BaseException:
+            await store.aclose()
+            raise
+        self._engine = engine
+        disabled = [spec.name for spec in self._specs.values() if not spec.enabled]
+        logger.info(
+            "singletonjob node %s started for project %r: %d job(s)%s, store %r",
+            self.node_id,
+            self.project,
+            len(engine.runners),
+            f" ({len(disabled)} disabled: {', '.join(disabled)})" if disabled else "",
+            store,
+        )
+
+    async def stop(self) -> None:
+        """Stop ticking, drain runs, release the locks, close what the library opened."""
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        try:
+            await engine.stop()
+        finally:
+            await engine.store.aclose()
+            logger.info("singletonjob node %s stopped", self.node_id)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
+        """An ASGI lifespan: ``FastAPI(lifespan=jobs.lifespan)``, or nested in your own with
+        ``async with jobs.lifespan(app): yield``. Installs no signal handlers."""
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def __aenter__(self) -> SingletonJobs:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def __repr__(self) -> str:
+        return (
+            f"SingletonJobs(project={self.project!r}, node_id={self.node_id!r}, "
+            f"jobs={sorted(self._specs)!r})"
+        )

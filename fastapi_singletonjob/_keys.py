@@ -1,0 +1,40 @@
+"""Every Redis key and channel the library uses, built in one place.
+
+All keys of one project share the hash tag ``{project}``, so that one script can touch all of
+them in a single round trip, also on Redis Cluster (they live in one hash slot).
+
+======================================  ======  ============================================
+key                                     type    content
+======================================  ======  ============================================
+``singletonjob:{<project>}:<job>:lock``   string  ``<fencing token>|<node id>``, with a TTL of
+                                                the job's lock expiry (the lease)
+``singletonjob:{<project>}:<job>:fence``  string  the last fencing token granted; no TTL, so
+                                                tokens keep growing across terms
+``singletonjob:{<project>}:released``     pubsub  a node publishes here when it releases locks
+======================================  ======  ============================================
+"""
+
+from __future__ import annotations
+
+__all__ = ["fence_key", "lock_key", "release_channel"]
+
+PREFIX = "singletonjob"
+
+
+def _tag(project: str) -> str:
+    return f"{PREFIX}:{{{project}}}"
+
+
+def lock_key(project: str, job: str) -> str:
+    """The lease key of ``job``: present while some node leads it."""
+    return f"{_tag(project)}:{job}:lock"
+
+
+def fence_key(project: str, job: str) -> str:
+    """The key holding the last fencing token granted for ``job``."""
+    return f"{_tag(project)}:{job}:fence"
+
+
+def release_channel(project: str) -> str:
+    """The pub/sub channel on which releases of ``project``'s locks are announced."""
+    return f"{_tag(project)}:released"

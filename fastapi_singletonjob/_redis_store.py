@@ -1,0 +1,131 @@
+"""The Redis lease store.
+
+The election talks to Redis through a connection pool of its own, with redis-py's automatic
+retries turned off: a retry hidden inside one call could outlast the lease it is renewing. The
+elector bounds every call with a timeout and does its own backoff. Only clients this module
+created are closed; a client passed in by the user is never closed (only the pool derived from
+its settings is).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from . import _keys, _scripts
+from ._config import redact_url
+from ._store import LeaseReply, LeaseRequest
+
+__all__ = ["RedisLeaseStore"]
+
+logger = logging.getLogger(__name__)
+
+_POOL_SIZE = 4  # elect/release, the release listener, status reads: never more than a few
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _no_retry() -> Retry:
+    return Retry(NoBackoff(), 0)
+
+
+def _derive_pool(client: Redis) -> ConnectionPool:
+    """A small pool with the user's connection settings but without client-side retries."""
+    pool = client.connection_pool
+    kwargs = {
+        key: value
+        for key, value in pool.connection_kwargs.items()
+        if not key.startswith(("orig_", "maint_notifications")) and key != "retry"
+    }
+    kwargs.update(retry=_no_retry(), retry_on_timeout=False)
+    return ConnectionPool(
+        connection_class=pool.connection_class, max_connections=_POOL_SIZE, **kwargs
+    )
+
+
+class RedisLeaseStore:
+    """Leases kept in Redis keys (see ``_keys``), changed only by the scripts in ``_scripts``."""
+
+    def __init__(
+        self,
+        project: str,
+        *,
+        url: str | None = None,
+        client: Redis | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        if (url is None) == (client is None):
+            raise ValueError("pass exactly one of url= or client=")
+        self._project = project
+        if client is not None:
+            self._shown = "<client passed in>"
+            self._redis = Redis(connection_pool=_derive_pool(client))
+        else:
+            assert url is not None
+            self._shown = redact_url(url)
+            self._redis = Redis.from_url(
+                url,
+                retry=_no_retry(),
+                retry_on_timeout=False,
+                socket_connect_timeout=connect_timeout_s,
+                socket_timeout=None,  # every call is bounded by the elector's own timeout
+                max_connections=_POOL_SIZE,
+            )
+        self._elect = self._redis.register_script(_scripts.ELECT)
+        self._release = self._redis.register_script(_scripts.RELEASE)
+        self._channel = _keys.release_channel(project)
+
+    async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
+        """See :meth:`LeaseStore.elect`: one ``EVALSHA`` for all jobs."""
+        keys: list[str] = []
+        args: list[str | int] = [node_id]
+        for request in requests:
+            keys += (
+                _keys.lock_key(self._project, request.job),
+                _keys.fence_key(self._project, request.job),
+            )
+            args.append(max(1, round(request.ttl_s * 1000)))
+        raw: list[Any] = await self._elect(keys=keys, args=args)
+        replies = []
+        for i, request in enumerate(requests):
+            held, value, ttl_ms = raw[3 * i : 3 * i + 3]
+            ttl_s = None if int(ttl_ms) < 0 else int(ttl_ms) / 1000
+            replies.append(LeaseReply(request.job, int(held) == 1, _text(value), ttl_s))
+        return replies
+
+    async def release(self, node_id: str, values: dict[str, str]) -> int:
+        """See :meth:`LeaseStore.release`: one script call, which also publishes the notice."""
+        if not values:
+            return 0
+        keys = [_keys.lock_key(self._project, job) for job in values]
+        released: int = await self._release(keys=keys, args=[self._channel, *values.values()])
+        return int(released)
+
+    async def listen_releases(self, on_release: Callable[[], None]) -> None:
+        """See :meth:`LeaseStore.listen_releases`: a pub/sub subscription on its own connection."""
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self._channel)
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    on_release()
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def ping(self) -> None:
+        """See :meth:`LeaseStore.ping`."""
+        await self._redis.ping()
+
+    async def aclose(self) -> None:
+        """Close this store's own pool; a user's client stays open."""
+        await self._redis.aclose(close_connection_pool=True)
+
+    def __repr__(self) -> str:
+        return f"RedisLeaseStore(project={self._project!r}, url={self._shown!r})"

@@ -1,0 +1,285 @@
+"""Runs one job on the node that leads it, on its schedule.
+
+Each job has a schedule loop (cancelled at shutdown: it only decides *when*) and at most one
+run in flight (a separate task, drained at shutdown). A tick that comes while a run is still
+going is dropped and counted, never queued; a node that wakes after later ticks were already
+due runs none of them and waits for the next (no burst after a stall). Leadership is checked
+synchronously right before the job's code starts, so a node whose lease ran out, even while
+its event loop was blocked, never starts a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from datetime import datetime, timedelta
+from typing import Any
+
+from ._clock import Clock
+from ._context import JobContext
+from ._election import Elector, Lease
+from ._job import JobSpec, bind_call
+from ._schedule import FixedRate, Interval
+from ._state import DropReason, JobStats, Outcome, RunRecord
+
+__all__ = ["JobRunner"]
+
+logger = logging.getLogger("fastapi_singletonjob.runner")
+
+_MAX_SLEEP_S = 60.0  # re-read the wall clock at least this often while waiting for a tick
+_MAX_COUNTED_TICKS = 10_000
+
+
+class JobRunner:
+    """Schedules and supervises the runs of one job on this node."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        lease: Lease,
+        elector: Elector,
+        clock: Clock,
+        executor: Executor | None,
+        call_arguments: Callable[[JobContext], tuple[tuple[Any, ...], dict[str, Any]]]
+        | None = None,
+    ) -> None:
+        self.spec = spec
+        self.stats = JobStats()
+        self._lease = lease
+        self._elector = elector
+        self._clock = clock
+        self._executor = executor
+        self._arguments = call_arguments or bind_call(spec)
+        self._iteration = 0
+        self.current: asyncio.Task[None] | None = None
+        """The run in flight, if any."""
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    async def loop(self) -> None:
+        """Decide when to run, until cancelled or until the schedule has no more instants."""
+        if isinstance(self.spec.schedule, Interval):
+            await self._interval_loop(self.spec.schedule)
+        else:
+            await self._instant_loop()
+        logger.info("job %r has no more fire times on node %s", self.spec.name, self._node)
+        self.stats.next_run = None
+
+    async def _interval_loop(self, schedule: Interval) -> None:
+        # Run as soon as this node leads, then wait `every` after each run ends.
+        while True:
+            await self._lease.leading.wait()
+            scheduled_at = self._clock.now()
+            self.stats.next_run = scheduled_at
+            run = self.start(scheduled_at)
+            if run is not None:
+                await asyncio.wait({run})  # not cancelled with this loop: drained at shutdown
+                due = schedule.next_fire(self._clock.now())
+            else:
+                due = self._clock.now() + timedelta(seconds=schedule.every_s)
+            self.stats.next_run = due
+            await self._sleep_until(due)
+
+    async def _instant_loop(self) -> None:
+        schedule = self.spec.schedule
+        previous = self._clock.now()
+        while True:
+            due = schedule.next_fire(previous)
+            if due is None:
+                return
+            self.stats.next_run = due
+            await self._sleep_until(due)
+            now = self._clock.now()
+            following = schedule.next_fire(due)
+            grace = self.spec.misfire_grace_s
+            if following is not None and following <= now:
+                self._drop(DropReason.LATE, self._count_ticks(due, now))
+                previous = now
+                continue
+            if grace is not None and (now - due).total_seconds() > grace:
+                self._drop(DropReason.LATE, 1)
+                previous = due
+                continue
+            previous = due
+            self.start(due)
+
+    def _count_ticks(self, due: datetime, now: datetime) -> int:
+        schedule = self.spec.schedule
+        if isinstance(schedule, FixedRate):
+            return 1 + schedule.ticks_between(due, now)
+        count, instant = 1, schedule.next_fire(due)
+        while instant is not None and instant <= now and count < _MAX_COUNTED_TICKS:
+            count, instant = count + 1, schedule.next_fire(instant)
+        return count
+
+    async def _sleep_until(self, due: datetime) -> None:
+        # Sleep in bounded steps so that a wall-clock jump is noticed within a minute.
+        while (left := (due - self._clock.now()).total_seconds()) > 0:
+            await self._clock.sleep(min(left, _MAX_SLEEP_S))
+
+    def _drop(self, reason: DropReason, count: int = 1) -> None:
+        self.stats.dropped[reason] += count
+        logger.debug(
+            "job %r dropped %d tick(s) on node %s: %s", self.spec.name, count, self._node, reason
+        )
+
+    @property
+    def _node(self) -> str:
+        return self._elector.node_id
+
+    # -- running --------------------------------------------------------------------------
+
+    def start(self, scheduled_at: datetime) -> asyncio.Task[None] | None:
+        """Start a run for the instant ``scheduled_at`` if this node leads and is idle."""
+        token = self._lease.token
+        if token is None or not self._elector.is_leader(self.spec.name, token):
+            self.stats.not_leader += 1
+            return None
+        if self.current is not None:
+            self._drop(DropReason.OVERLAP)
+            return None
+        self._iteration += 1
+        ctx = JobContext(
+            job=self.spec.name,
+            node_id=self._node,
+            fencing_token=token,
+            scheduled_at=scheduled_at,
+            started_at=self._clock.now(),
+            iteration=self._iteration,
+            leadership_lost=self._lease.lost,
+            _is_leader=functools.partial(self._elector.is_leader, self.spec.name, token),
+        )
+        self.stats.running_since = ctx.started_at
+        self.current = asyncio.create_task(
+            self._supervise(ctx), name=f"singletonjob run {self.spec.name!r} #{ctx.iteration}"
+        )
+        return self.current
+
+    async def _supervise(self, ctx: JobContext) -> None:
+        outcome, error, started = Outcome.CANCELLED, None, self._clock.monotonic()
+        ran = True
+        try:
+            outcome, error = await self._watch(ctx)
+        except _NotStarted:
+            ran = False
+            self._drop(DropReason.LEASE_EXPIRED)
+        finally:
+            self.current = None
+            self.stats.running_since = None
+            if ran:
+                self._record(ctx, outcome, error, self._clock.monotonic() - started)
+
+    def _record(
+        self, ctx: JobContext, outcome: Outcome, error: str | None, duration_s: float
+    ) -> None:
+        finished_at = ctx.started_at + timedelta(seconds=duration_s)
+        self.stats.record(
+            RunRecord(ctx.scheduled_at, ctx.started_at, finished_at, duration_s, outcome, error)
+        )
+        logger.debug(
+            "job %r run #%d on node %s: %s in %.3fs",
+            ctx.job,
+            ctx.iteration,
+            ctx.node_id,
+            outcome.value,
+            duration_s,
+        )
+
+    async def _watch(self, ctx: JobContext) -> tuple[Outcome, str | None]:
+        """Run the job, cancelling it at its timeout or, if so configured, when the lease
+        ends; return how it ended."""
+        run = asyncio.ensure_future(self._invoke(ctx))
+        watchers: dict[asyncio.Future[Any], Outcome] = {}
+        if self.spec.timeout_s is not None:
+            watchers[asyncio.ensure_future(self._clock.sleep(self.spec.timeout_s))] = (
+                Outcome.TIMEOUT
+            )
+        if self.spec.on_leadership_lost == "cancel":
+            watchers[asyncio.ensure_future(ctx.leadership_lost.wait())] = Outcome.CANCELLED
+        try:
+            cause: Outcome | None = None
+            if watchers:
+                done, _ = await asyncio.wait({run, *watchers}, return_when="FIRST_COMPLETED")
+                if run not in done:
+                    cause = next(watchers[w] for w in done if w in watchers)
+                    self._log_stop(ctx, cause)
+                    run.cancel()
+            try:
+                await run
+            except asyncio.CancelledError:
+                if cause is None:
+                    raise
+                return cause, None
+            except _NotStarted:
+                raise
+            except Exception as exc:
+                logger.exception(
+                    "job %r run #%d failed on node %s", ctx.job, ctx.iteration, ctx.node_id
+                )
+                return Outcome.FAILED, _summary(exc)
+            return Outcome.SUCCESS, None
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+            if not run.done():
+                run.cancel()
+                with contextlib.suppress(BaseException):
+                    await run
+
+    def _log_stop(self, ctx: JobContext, cause: Outcome) -> None:
+        if cause is Outcome.TIMEOUT:
+            logger.warning(
+                "job %r run #%d exceeded its timeout of %gs on node %s; cancelling it",
+                ctx.job,
+                ctx.iteration,
+                self.spec.timeout_s,
+                ctx.node_id,
+            )
+        else:
+            logger.warning(
+                "job %r run #%d: node %s lost leadership; cancelling the run",
+                ctx.job,
+                ctx.iteration,
+                ctx.node_id,
+            )
+
+    async def _invoke(self, ctx: JobContext) -> None:
+        args, kwargs = self._arguments(ctx)
+        # Last check, with no suspension point between it and the job's first instruction.
+        if not ctx.is_leader:
+            raise _NotStarted
+        if self.spec.is_async:
+            await self.spec.func(*args, **kwargs)
+            return
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, self.spec.func, *args, **kwargs)
+        thread = loop.run_in_executor(self._executor, call)
+        try:
+            await asyncio.shield(thread)
+        except asyncio.CancelledError:
+            # A thread cannot be interrupted: the run stays in flight until it returns, so
+            # that no second run of this job starts on this node meanwhile.
+            logger.warning(
+                "job %r run #%d runs in a thread and cannot be cancelled; waiting for it",
+                ctx.job,
+                ctx.iteration,
+            )
+            while not thread.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(thread)
+            raise
+
+
+class _NotStarted(Exception):
+    """The lease ran out between the tick and the start of the job's code."""
+
+
+def _summary(exc: BaseException, limit: int = 300) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,253 @@
+"""Schedules: when a job fires next.
+
+Every schedule answers one question, ``next_fire(after)``, as a pure function of its input (no
+clock reads, sleeps or I/O). The library ships three shapes:
+
+- ``Interval``: run, then wait ``every_s`` after the run ends (the runner passes that end).
+- ``FixedRate``: a grid aligned to the Unix epoch (plus an offset), so every replica shares the
+  phase and a failover keeps the cadence. Integer-microsecond math: it never drifts.
+- ``Cron``: a cron expression (croniter) in an IANA time zone; a daylight-saving change never
+  runs a fixed-time job twice.
+
+Anything with a ``next_fire`` method is a ``Schedule``, so users can bring their own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Protocol, runtime_checkable
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadDateError, CroniterError, croniter
+
+__all__ = ["Cron", "FixedRate", "Interval", "Schedule"]
+
+_UTC = timezone.utc
+_EPOCH = datetime(1970, 1, 1, tzinfo=_UTC)
+_ONE_US = timedelta(microseconds=1)
+_US_PER_S = 1_000_000
+# Any expression that fires at all fires within a few years of any date, so one search from a
+# fixed anchor tells "never fires" apart without reading the clock.
+_VALIDATION_ANCHOR = datetime(2000, 1, 1, tzinfo=_UTC)
+# Bounds the skip loop in Cron.next_fire. The longest repeated hour is 2 h (Antarctica/Troll);
+# a fixed-hour job firing every second has 7,200 candidates in it to skip.
+_MAX_CRON_CANDIDATES = 10_000
+_CRON_HELP = (
+    "(5 fields: minute hour day month weekday, optional 6th field seconds); "
+    "see https://crontab.guru"
+)
+
+
+@runtime_checkable
+class Schedule(Protocol):
+    """Anything that says when a job fires next; pass your own object to a decorator."""
+
+    def next_fire(self, after: datetime) -> datetime | None:
+        """Return the first fire time strictly later than ``after``, or None when there is none.
+
+        ``after`` is timezone-aware; the result must be timezone-aware too (any zone).
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Run, then wait ``every_s`` seconds after the run ends before the next one."""
+
+    every_s: float
+    _every_us: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_every_us", _positive_us("every_s", self.every_s))
+
+    def next_fire(self, after: datetime) -> datetime:
+        """Return ``after`` (the end of the previous run) plus ``every_s``, in UTC."""
+        # Arithmetic on an aware datetime keeps its wall clock, not real time, so go through UTC:
+        # otherwise 01:30 EDT + 1 h on a fall-back night would come out 2 h later.
+        return _require_aware(after).astimezone(_UTC) + self._every_us * _ONE_US
+
+    def __str__(self) -> str:
+        return f"interval every {_format_us(self._every_us)}"
+
+
+@dataclass(frozen=True)
+class FixedRate:
+    """Fire at every instant ``UNIX_EPOCH + offset_s + k * every_s`` for integer ``k``.
+
+    The grid depends only on ``every_s`` and ``offset_s``, never on when a node started, so all
+    replicas agree on it. Both are rounded to whole microseconds (datetime's resolution) and all
+    math is on integers, so tick ten million is exactly where it should be.
+    """
+
+    every_s: float
+    offset_s: float = 0.0
+    _every_us: int = field(init=False, repr=False, compare=False)
+    _offset_us: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        every_us = _positive_us("every_s", self.every_s)
+        offset_us = round(_finite("offset_s", self.offset_s) * _US_PER_S) % every_us
+        object.__setattr__(self, "_every_us", every_us)
+        object.__setattr__(self, "_offset_us", offset_us)
+
+    def next_fire(self, after: datetime) -> datetime:
+        """Return the first grid instant strictly later than ``after``, in UTC."""
+        k = self._index(after) + 1
+        return _EPOCH + (self._offset_us + k * self._every_us) * _ONE_US
+
+    def ticks_between(self, start: datetime, end: datetime) -> int:
+        """Count the grid instants ``t`` with ``start < t <= end`` (0 when ``end <= start``).
+
+        The runner uses it to count the ticks dropped while a run overran.
+        """
+        return max(0, self._index(end, "end") - self._index(start, "start"))
+
+    def _index(self, moment: datetime, name: str = "after") -> int:
+        """Return the ``k`` of the last grid instant at or before ``moment``."""
+        return (_epoch_us(moment, name) - self._offset_us) // self._every_us
+
+    def __str__(self) -> str:
+        text = f"fixed rate every {_format_us(self._every_us)}"
+        return f"{text} offset {_format_us(self._offset_us)}" if self._offset_us else text
+
+
+@dataclass(frozen=True)
+class Cron:
+    """Fire on a cron expression evaluated in an IANA time zone (UTC unless given).
+
+    ``expression`` has 5 fields (minute hour day month weekday) or 6, where the 6th field is
+    SECONDS at the end (croniter's convention: ``"*/10 * * * * 30"`` fires at second 30 of every
+    10th minute). croniter's aliases (``@daily``, ``@hourly``, ...) work; 7-field (year)
+    expressions do not. Across daylight-saving changes (Vixie cron's rule):
+
+    - spring forward: a job whose time falls in the skipped hour runs once, when it ends;
+    - fall back: a job whose hour field starts with ``*`` (``*``, ``*/2``) keeps real-time
+      spacing and fires in both copies of the repeated hour; any other job is a fixed-time job
+      and fires in the first copy only.
+
+    ``next_fire`` returns times in the job's zone, with ``fold`` set. Python ignores ``fold``
+    when both sides of ``==``, ``<`` or ``-`` share a tzinfo, so compare them in UTC.
+    """
+
+    expression: str
+    timezone: str = "UTC"
+    _zone: ZoneInfo = field(init=False, repr=False, compare=False)
+    _fixed_time: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        expression = _require_str("expression", self.expression, "'0 3 * * *'")
+        zone_name = _require_str("timezone", self.timezone, "'Europe/Berlin'")
+        try:
+            fields = croniter(expression, _VALIDATION_ANCHOR).expressions
+        except CroniterError as exc:
+            raise ValueError(
+                f"expression={expression!r} is not a valid cron expression {_CRON_HELP}"
+            ) from exc
+        if len(fields) not in (5, 6):
+            raise ValueError(
+                f"expression={expression!r} has {len(fields)} fields, which is not supported "
+                f"{_CRON_HELP}"
+            )
+        try:
+            zone = ZoneInfo(zone_name)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(
+                f"timezone={zone_name!r} is not a known IANA time zone; use a name such as "
+                "'Europe/Berlin' or 'UTC' (where the system has no time zone database, "
+                "install the 'tzdata' package)"
+            ) from exc
+        object.__setattr__(self, "_zone", zone)
+        object.__setattr__(self, "_fixed_time", not fields[1].startswith("*"))
+        if self.next_fire(_VALIDATION_ANCHOR) is None:
+            raise ValueError(
+                f"expression={expression!r} never fires: no date matches it (such as day 31 "
+                "of a month that has 30 days or fewer); check the day, month and weekday fields"
+            )
+
+    def next_fire(self, after: datetime) -> datetime | None:
+        """Return the first fire time strictly later than ``after``, in the job's zone.
+
+        None when croniter finds no later match (an expression that never fires is rejected
+        when the ``Cron`` is built, so in practice this does not happen).
+        """
+        after_utc = _require_aware(after).astimezone(_UTC)
+        # croniter works in the zone of its start time, so hand it one in the job's zone.
+        candidates = croniter(self.expression, after_utc.astimezone(self._zone))
+        for _ in range(_MAX_CRON_CANDIDATES):
+            try:
+                candidate: datetime = candidates.get_next(datetime)
+            except CroniterBadDateError:
+                return None
+            # Compare in UTC: with one shared tzinfo Python would ignore fold.
+            if candidate.astimezone(_UTC) <= after_utc:
+                continue  # defensive: croniter versions differ around DST changes
+            if self._fixed_time and _is_second_of_repeated(candidate, self._zone):
+                continue  # croniter fires a fixed time in both copies of a repeated hour
+            return candidate
+        raise RuntimeError(
+            f"{self}: no fire time found after {after.isoformat()} within "
+            f"{_MAX_CRON_CANDIDATES} candidates; please report this as a bug"
+        )
+
+    def __str__(self) -> str:
+        return f'cron "{self.expression}" {self.timezone}'
+
+
+def _is_second_of_repeated(moment: datetime, zone: ZoneInfo) -> bool:
+    """Tell whether ``moment`` is the second occurrence of a wall time the zone repeats."""
+    local = moment.astimezone(_UTC).astimezone(zone)  # sets fold from the real instant
+    return local.fold == 1 and local.replace(fold=0).utcoffset() != local.utcoffset()
+
+
+def _require_aware(value: datetime, name: str = "after") -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(
+            f"{name}={value!r} must be timezone-aware; pass e.g. datetime.now(timezone.utc)"
+        )
+    return value
+
+
+def _require_str(name: str, value: object, example: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(
+            f"{name}={value!r} must be a string ({type(value).__name__} given), "
+            f"such as {name}={example}"
+        )
+    return value
+
+
+def _finite(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(
+            f"{name}={value!r} must be a finite number of seconds (int or float), such as "
+            f"{name}=0.5; convert a timedelta with .total_seconds()"
+        )
+    return float(value)
+
+
+def _positive_us(name: str, value: object) -> int:
+    micros = round(_finite(name, value) * _US_PER_S)
+    if micros <= 0:
+        raise ValueError(
+            f"{name}={value!r} must be positive, at least one microsecond, such as {name}=0.5"
+        )
+    return micros
+
+
+def _epoch_us(moment: datetime, name: str) -> int:
+    """Return whole microseconds since the Unix epoch, exactly (no float timestamp)."""
+    return (_require_aware(moment, name) - _EPOCH) // _ONE_US
+
+
+def _format_us(micros: int) -> str:
+    if micros % _US_PER_S == 0:
+        return f"{micros // _US_PER_S}s"
+    if micros >= _US_PER_S:
+        return f"{micros / _US_PER_S}s"
+    if micros % 1000 == 0:
+        return f"{micros // 1000}ms"
+    if micros >= 1000:
+        return f"{micros / 1000}ms"
+    return f"{micros}us"

@@ -1,0 +1,84 @@
+"""Lua scripts that make acquire-or-renew and release atomic on the Redis server.
+
+Both scripts are registered with redis-py's ``register_script``: they are sent by SHA1
+(``EVALSHA``) and re-sent in full when the server answers ``NOSCRIPT`` (after a restart or a
+``SCRIPT FLUSH``). A lock's value is ``<fencing token>|<node id>``; a node renews or deletes a
+lock only when the node id in it is its own.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ELECT", "RELEASE"]
+
+# Acquire or renew the leases of several jobs for one node, in one round trip.
+#
+# KEYS[2i-1] - lock key of job i       KEYS[2i] - fence key of job i
+# ARGV[1]    - node id of the caller   ARGV[1+i] - lease time of job i, in milliseconds
+#
+# For each job, in order, returns three values:
+#   1 if the caller holds the lock after the call (acquired or renewed), else 0;
+#   the lock's value "<token>|<holder>" after the call;
+#   the lock's remaining time to live in milliseconds (-1: the key has no expiry).
+#
+# A free lock starts a new term whose token is max(last token + 1, server time in µs). The
+# server-time floor keeps tokens growing when the fence key was lost (restart without
+# persistence, FLUSHALL) as long as the server clock does not step back.
+ELECT = """
+local owner = ARGV[1]
+local out = {}
+local now_us = nil
+for i = 1, #KEYS / 2 do
+  local lock, fence, ttl = KEYS[2 * i - 1], KEYS[2 * i], ARGV[1 + i]
+  local value = redis.call('GET', lock)
+  if value then
+    local sep = string.find(value, '|', 1, true)
+    local holder = sep and string.sub(value, sep + 1) or value
+    if holder == owner then
+      redis.call('PEXPIRE', lock, ttl)
+      table.insert(out, 1)
+      table.insert(out, value)
+      table.insert(out, tonumber(ttl))
+    else
+      table.insert(out, 0)
+      table.insert(out, value)
+      table.insert(out, redis.call('PTTL', lock))
+    end
+  else
+    if not now_us then
+      local t = redis.call('TIME')
+      now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    end
+    local last = tonumber(redis.call('GET', fence)) or 0
+    local token = string.format('%.0f', math.max(last + 1, now_us))
+    redis.call('SET', fence, token)
+    value = token .. '|' .. owner
+    redis.call('SET', lock, value, 'PX', ttl)
+    table.insert(out, 1)
+    table.insert(out, value)
+    table.insert(out, tonumber(ttl))
+  end
+end
+return out
+"""
+
+# Release the locks a node holds, and tell the other nodes at once.
+#
+# KEYS[i]   - lock key of job i
+# ARGV[1]   - pub/sub channel to announce the release on
+# ARGV[1+i] - the exact value "<token>|<node id>" the caller holds for job i
+#
+# Deletes a lock only while it still holds that exact value (same holder, same term), then
+# publishes the number of locks deleted when it is not zero. Returns that number.
+RELEASE = """
+local released = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1 + i] then
+    redis.call('DEL', KEYS[i])
+    released = released + 1
+  end
+end
+if released > 0 then
+  redis.call('PUBLISH', ARGV[1], released)
+end
+return released
+"""

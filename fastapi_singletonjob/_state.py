@@ -1,0 +1,78 @@
+"""What happened to each job on this node: counters and the last run, read by the status API."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+__all__ = ["DropReason", "JobStats", "Outcome", "RunRecord"]
+
+
+class Outcome(str, enum.Enum):
+    """How a run ended."""
+
+    SUCCESS = "success"
+    FAILED = "failed"
+    """The job raised an exception (logged with its traceback)."""
+    TIMEOUT = "timeout"
+    """The run took longer than the job's ``timeout`` and was cancelled."""
+    CANCELLED = "cancelled"
+    """Cancelled because leadership was lost (``on_leadership_lost="cancel"``) or at shutdown."""
+
+
+class DropReason(str, enum.Enum):
+    """Why a tick did not start a run on a node that leads the job."""
+
+    OVERLAP = "overlap"
+    """The previous run was still going: the tick is dropped, never queued."""
+    LATE = "late"
+    """The node woke after later ticks were already due (a stall): they are not replayed."""
+    LEASE_EXPIRED = "lease_expired"
+    """The lease ran out between the tick and the start of the run."""
+
+
+@dataclass
+class RunRecord:
+    """One finished run."""
+
+    scheduled_at: datetime
+    started_at: datetime
+    finished_at: datetime
+    duration_s: float
+    outcome: Outcome
+    error: str | None = None
+    """``ExceptionType: message`` of a failed run, shortened."""
+
+
+@dataclass
+class JobStats:
+    """Counters of one job on this node since startup."""
+
+    runs: int = 0
+    failures: int = 0
+    timeouts: int = 0
+    cancelled: int = 0
+    dropped: dict[DropReason, int] = field(default_factory=lambda: dict.fromkeys(DropReason, 0))
+    not_leader: int = 0
+    """Ticks that came while another node led the job (normal on followers)."""
+    running_since: datetime | None = None
+    last_run: RunRecord | None = None
+    next_run: datetime | None = None
+
+    @property
+    def dropped_total(self) -> int:
+        """All dropped ticks, whatever the reason."""
+        return sum(self.dropped.values())
+
+    def record(self, run: RunRecord) -> None:
+        """Count a finished run."""
+        self.runs += 1
+        self.running_since = None
+        self.last_run = run
+        if run.outcome is Outcome.FAILED:
+            self.failures += 1
+        elif run.outcome is Outcome.TIMEOUT:
+            self.timeouts += 1
+        elif run.outcome is Outcome.CANCELLED:
+            self.cancelled += 1

@@ -1,0 +1,170 @@
+"""The lease store: the one small interface the election needs from a backend.
+
+Two implementations run through the same behavioural tests: :class:`RedisLeaseStore` (in
+``_redis_store.py``) for real deployments, and :class:`MemoryLeaseStore` here, which coordinates
+the :class:`SingletonJobs` instances of one process (``memory://``) and runs on the injected
+clock, so that users' unit tests and the library's own timing tests need no server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ._clock import Clock
+
+__all__ = ["LeaseReply", "LeaseRequest", "LeaseStore", "MemoryLeaseStore", "parse_lock_value"]
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """Acquire or renew the lease of ``job`` for ``ttl_s`` seconds."""
+
+    job: str
+    ttl_s: float
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    """What the store said about one job's lock after an acquire-or-renew."""
+
+    job: str
+    held: bool
+    """True when the calling node holds the lock now (acquired or renewed)."""
+    value: str | None
+    """The lock's value, ``"<token>|<node id>"``, or None when nobody holds it."""
+    ttl_s: float | None
+    """Time the lock has left per the store, None when it has no expiry."""
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the holder's term, when the value has one."""
+        return parse_lock_value(self.value)[0]
+
+    @property
+    def holder(self) -> str | None:
+        """The node id of the holder."""
+        return parse_lock_value(self.value)[1]
+
+
+def parse_lock_value(value: str | None) -> tuple[int | None, str | None]:
+    """Split ``"<token>|<node id>"``; a value written by something else has no token."""
+    if value is None:
+        return None, None
+    token, sep, holder = value.partition("|")
+    if not sep or not token.isdigit():
+        return None, value
+    return int(token), holder
+
+
+class LeaseStore(Protocol):
+    """Atomic lease operations on a shared store, for all jobs of one project."""
+
+    async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
+        """Acquire free locks and renew held ones, all in one round trip; one reply each."""
+        ...
+
+    async def release(self, node_id: str, values: dict[str, str]) -> int:
+        """Delete each job's lock that still holds the given value, and announce it."""
+        ...
+
+    async def listen_releases(self, on_release: Callable[[], None]) -> None:
+        """Call ``on_release`` whenever a node releases locks; runs until cancelled or broken."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise unless the store answers."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close what this store opened (never a client the user passed in)."""
+        ...
+
+
+@dataclass
+class _MemoryData:
+    locks: dict[str, tuple[str, float]] = field(default_factory=dict)  # job key -> value, expiry
+    fences: dict[str, int] = field(default_factory=dict)
+    listeners: set[Callable[[], None]] = field(default_factory=set)
+
+
+# One data set per (clock, URL): instances of one process that share both see each other.
+_SHARED: weakref.WeakKeyDictionary[Clock, dict[str, _MemoryData]] = weakref.WeakKeyDictionary()
+
+
+class MemoryLeaseStore:
+    """In-process lease store for ``memory://`` URLs: one process only, no persistence.
+
+    Locks expire on the injected clock. Instances created with the same clock and URL share
+    their locks, so several ``SingletonJobs`` in one test process elect one leader.
+    """
+
+    def __init__(self, project: str, clock: Clock, url: str = "memory://") -> None:
+        self._project = project
+        self._clock = clock
+        self._data = _SHARED.setdefault(clock, {}).setdefault(url, _MemoryData())
+
+    def _key(self, job: str) -> str:
+        return f"{self._project}\x00{job}"
+
+    async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
+        """See :meth:`LeaseStore.elect`."""
+        now = self._clock.monotonic()
+        replies = []
+        for request in requests:
+            key = self._key(request.job)
+            current = self._data.locks.get(key)
+            if current is not None and current[1] <= now:
+                current = None
+            if current is None:
+                token = self._data.fences.get(key, 0) + 1
+                self._data.fences[key] = token
+                current = (f"{token}|{node_id}", now + request.ttl_s)
+                self._data.locks[key] = current
+            elif parse_lock_value(current[0])[1] == node_id:
+                current = (current[0], now + request.ttl_s)
+                self._data.locks[key] = current
+            holder = parse_lock_value(current[0])[1]
+            replies.append(
+                LeaseReply(request.job, holder == node_id, current[0], max(current[1] - now, 0.0))
+            )
+        await asyncio.sleep(0)  # a real store is a suspension point too
+        return replies
+
+    async def release(self, node_id: str, values: dict[str, str]) -> int:
+        """See :meth:`LeaseStore.release`."""
+        released = 0
+        for job, value in values.items():
+            key = self._key(job)
+            current = self._data.locks.get(key)
+            if current is not None and current[0] == value:
+                del self._data.locks[key]
+                released += 1
+        if released:
+            for listener in list(self._data.listeners):
+                listener()
+        return released
+
+    async def listen_releases(self, on_release: Callable[[], None]) -> None:
+        """See :meth:`LeaseStore.listen_releases`."""
+        self._data.listeners.add(on_release)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self._data.listeners.discard(on_release)
+
+    async def ping(self) -> None:
+        """See :meth:`LeaseStore.ping`."""
+
+    async def aclose(self) -> None:
+        """See :meth:`LeaseStore.aclose`."""
+
+    def delete_lock(self, job: str) -> None:
+        """Drop ``job``'s lock as an operator's ``DEL`` would (for tests)."""
+        self._data.locks.pop(self._key(job), None)
+
+    def __repr__(self) -> str:
+        return f"MemoryLeaseStore(project={self._project!r})"

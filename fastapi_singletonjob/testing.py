@@ -1,0 +1,100 @@
+"""Helpers for testing code that uses fastapi-singletonjob, in zero real time.
+
+``FakeClock`` replaces the system clock: sleeps wait until the test advances time, so a test
+can walk through hours of schedule and lease timing in milliseconds::
+
+    clock = FakeClock()
+    jobs = SingletonJobs("memory://", project="test", clock=clock)
+    ...
+    async with jobs:
+        await clock.advance(10)  # ten seconds of ticks, instantly
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from datetime import datetime, timedelta, timezone
+
+__all__ = ["FakeClock"]
+
+_SETTLE_ROUNDS = 50
+
+
+class FakeClock:
+    """A clock that moves only when told to; implements the library's ``Clock`` protocol.
+
+    :param start: the wall-clock time at the start (aware).
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._wall_start = start or datetime(2026, 1, 1, tzinfo=timezone.utc)
+        if self._wall_start.tzinfo is None:
+            raise ValueError("FakeClock(start=...) must be timezone-aware")
+        self._monotonic = 1000.0
+        self._monotonic_start = self._monotonic
+        self._wall_shift = timedelta()
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def monotonic(self) -> float:
+        """Monotonic seconds; moves only in :meth:`advance`."""
+        return self._monotonic
+
+    def now(self) -> datetime:
+        """Wall-clock time: the start, plus the time advanced, plus any :meth:`jump_wall`."""
+        elapsed = timedelta(seconds=self._monotonic - self._monotonic_start)
+        return self._wall_start + elapsed + self._wall_shift
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait until the clock has been advanced by ``seconds``."""
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._monotonic + seconds, next(self._order), future))
+        await future
+
+    def jump_wall(self, seconds: float) -> None:
+        """Step the wall clock (as an NTP step would) without moving monotonic time."""
+        self._wall_shift += timedelta(seconds=seconds)
+
+    def stall(self, seconds: float) -> None:
+        """Move time forward without waking anyone, as when the event loop is blocked (a
+        sync call inside ``async def``, a GC pause, SIGSTOP): sleepers that are now due wake
+        at the next :meth:`advance`, late, all at once."""
+        if seconds < 0:
+            raise ValueError("time cannot go backwards")
+        self._monotonic += seconds
+
+    @property
+    def sleepers(self) -> int:
+        """How many tasks are sleeping on this clock."""
+        return sum(1 for _, _, future in self._sleepers if not future.done())
+
+    async def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds``, waking each sleeper at its own instant in order
+        and letting the woken tasks run before going on."""
+        if seconds < 0:
+            raise ValueError("time cannot go backwards")
+        target = self._monotonic + seconds
+        await self.settle()
+        while self._sleepers and self._sleepers[0][0] <= target:
+            when, _, future = heapq.heappop(self._sleepers)
+            if future.done():
+                continue
+            self._monotonic = max(self._monotonic, when)
+            future.set_result(None)
+            await self.settle()
+        self._monotonic = target
+        await self.settle()
+
+    @staticmethod
+    async def settle() -> None:
+        """Let every task that is ready run until it waits again."""
+        for _ in range(_SETTLE_ROUNDS):
+            await asyncio.sleep(0)
+
+    def __repr__(self) -> str:
+        return f"FakeClock(now={self.now().isoformat()})"

@@ -1,0 +1,427 @@
+"""Schedules, runs, drops, timeouts and shutdown, on the fake clock and memory store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from fastapi_singletonjob import DropReason, JobContext, Outcome, SingletonJobs
+from fastapi_singletonjob._engine import Engine
+from fastapi_singletonjob.testing import FakeClock
+
+START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass
+class Run:
+    node: str
+    token: int
+    scheduled_at: datetime
+    started: float
+    ended: float | None = None
+
+
+class Journal:
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.runs: list[Run] = []
+
+    def begin(self, ctx: JobContext) -> Run:
+        run = Run(ctx.node_id, ctx.fencing_token, ctx.scheduled_at, self.clock.monotonic())
+        self.runs.append(run)
+        return run
+
+    def max_concurrent(self) -> int:
+        events = sorted(
+            [(r.started, 1) for r in self.runs]
+            + [(r.ended if r.ended is not None else float("inf"), -1) for r in self.runs],
+            key=lambda e: (e[0], e[1]),
+        )
+        current = peak = 0
+        for _, delta in events:
+            current += delta
+            peak = max(peak, current)
+        return peak
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+def journal(clock: FakeClock) -> Journal:
+    return Journal(clock)
+
+
+Factory = Callable[..., SingletonJobs]
+
+
+@pytest.fixture
+async def make(clock: FakeClock, request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
+    made: list[SingletonJobs] = []
+    url = f"memory://{abs(hash(request.node.nodeid))}"
+
+    def factory(node_id: str = "a", **kwargs: object) -> SingletonJobs:
+        settings: dict[str, object] = {
+            "heartbeat_interval": 1.0,
+            "lock_expiry": 3.0,
+            "shutdown_timeout": 2.0,
+        }
+        settings.update(kwargs)
+        jobs = SingletonJobs(url, project="p", node_id=node_id, clock=clock, **settings)  # type: ignore[arg-type]
+        made.append(jobs)
+        return jobs
+
+    yield factory
+    for jobs in made:
+        await stop(jobs, clock)
+
+
+async def stop(jobs: SingletonJobs, clock: FakeClock) -> None:
+    """Stop while the fake clock keeps moving (shutdown waits on it)."""
+    task = asyncio.create_task(jobs.stop())
+    while not task.done():
+        await clock.advance(0.05)
+    await task
+
+
+def engine(jobs: SingletonJobs) -> Engine:
+    assert jobs.engine is not None
+    return jobs.engine
+
+
+async def test_fixed_rate_ticks_on_the_epoch_grid_without_drift(
+    make: Factory, clock: FakeClock, journal: Journal
+) -> None:
+    jobs = make()
+
+    @jobs.fixed_rate("tick", every=timedelta(milliseconds=250), offset=0.1)
+    async def tick(ctx: JobContext) -> None:
+        journal.begin(ctx).ended = clock.monotonic()
+
+    await jobs.start()
+    await clock.advance(1000.0)
+    instants = [run.scheduled_at for run in journal.runs]
+    assert len(instants) >= 3990
+    for instant in instants:
+        micros = (instant - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(
+            microseconds=1
+        )
+        assert micros % 250_000 == 100_000
+    assert all(b - a == timedelta(milliseconds=250) for a, b in zip(instants, instants[1:]))
+    started_late = [run.started - (run.scheduled_at - START).total_seconds() for run in journal.runs]
+    assert max(started_late) - min(started_late) < 1e-6, "runs start exactly on the grid"
+
+
+async def test_overlapping_ticks_are_dropped_and_counted(
+    make: Factory, clock: FakeClock, journal: Journal
+) -> None:
+    jobs = make()
+
+    @jobs.fixed_rate("slow", every=1.0)
+    async def slow(ctx: JobContext) -> None:
+        run = journal.begin(ctx)
+        await clock.sleep(2.5)
+        run.ended = clock.monotonic()
+
+    await jobs.start()
+    await clock.advance(30.0)
+    stats = engine(jobs).runners["slow"].stats
+    assert journal.max_concurrent() == 1
+    assert 8 <= len(journal.runs) <= 11
+    assert stats.dropped[DropReason.OVERLAP] >= 2 * (len(journal.runs) - 1)
+    # the next run starts at the first tick after the previous one ended: never queued
+    for before, after in zip(journal.runs, journal.runs[1:]):
+        assert before.ended is not None
+        assert 0 <= after.started - before.ended <= 1.0
+
+
+async def test_a_stall_runs_no_burst_of_missed_ticks(
+    make: Factory, clock: FakeClock, journal: Journal
+) -> None:
+    jobs = make(lock_expiry=100.0)
+
+    @jobs.fixed_rate("tick", every=0.1)
+    async def tick(ctx: JobContext) -> None:
+        journal.begin(ctx).ended = clock.monotonic()
+
+    await jobs.start()
+    await clock.advance(1.0)
+    before = len(journal.runs)
+    clock.stall(5.0)  # the loop was blocked for 50 periods
+    await clock.advance(0.0)
+    await clock.advance(0.25)
+    after_stall = journal.runs[before:]
+    assert len(after_stall) <= 3, "missed ticks must not be replayed"
+    stats = engine(jobs).runners["tick"].stats
+    assert stats.dropped[DropReason.LATE] >= 49
+
+
+async def test_interval_runs_then_waits(make: Factory, clock: FakeClock, journal: Journal) -> None:
+    jobs = make()
+
+    @jobs.interval("every", every=2.0)
+    async def every(ctx: JobContext) -> None:
+        run = journal.begin(ctx)
+        await clock.sleep(0.5)
+        run.ended = clock.monotonic()
+
+    await jobs.start()
+    await clock.advance(20.0)
+    runs = journal.runs
+    assert runs[0].started == pytest.approx(1000.0), "runs as soon as the node leads"
+    for before, after in zip(runs, runs[1:]):
+        assert before.ended is not None
+        assert after.started - before.ended == pytest.approx(2.0)
+    assert len(runs) == 9  # at 0, 2.5, ..., 20
+
+
+async def test_cron_in_a_time_zone_fires_once_a_day(
+    make: Factory, clock: FakeClock, journal: Journal
+) -> None:
+    jobs = make(lock_expiry=200.0, heartbeat_interval=60.0, max_backoff=60.0)
+
+    @jobs.cron("report", "0 3 * * *", timezone="Asia/Singapore")
+    async def report(ctx: JobContext) -> None:
+        journal.begin(ctx).ended = clock.monotonic()
+
+    await jobs.start()
+    await clock.advance(3 * 86400.0)
+    assert [run.scheduled_at.astimezone(timezone.utc).hour for run in journal.runs] == [19] * 3
+    assert len({run.scheduled_at.date() for run in journal.runs}) == 3
+
+
+async def test_a_failing_run_is_logged_counted_and_the_schedule_goes_on(
+    make: Factory, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs = make()
+    calls = 0
+
+    @jobs.fixed_rate("boom", every=1.0)
+    async def boom() -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("downstream is down")
+
+    await jobs.start()
+    with caplog.at_level(logging.ERROR, logger="fastapi_singletonjob"):
+        await clock.advance(5.0)
+    stats = engine(jobs).runners["boom"].stats
+    assert calls == 5
+    assert stats.failures == stats.runs == 5
+    assert stats.last_run is not None
+    assert stats.last_run.outcome is Outcome.FAILED
+    assert stats.last_run.error == "RuntimeError: downstream is down"
+    failures = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert failures and failures[0].exc_info is not None, "logged with its traceback"
+    assert engine(jobs).elector.is_leader("boom")
+
+
+async def test_timeout_cancels_a_run_that_takes_too_long(
+    make: Factory, clock: FakeClock
+) -> None:
+    jobs = make()
+    cancelled = 0
+
+    @jobs.fixed_rate("hang", every=5.0, timeout=1.5)
+    async def hang() -> None:
+        nonlocal cancelled
+        try:
+            await clock.sleep(100)
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+
+    await jobs.start()
+    await clock.advance(12.0)  # ticks at 5 and 10, each cancelled 1.5 s later
+    stats = engine(jobs).runners["hang"].stats
+    assert cancelled == 2
+    assert stats.timeouts == 2
+    assert stats.last_run is not None
+    assert stats.last_run.duration_s == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("policy", ["finish", "cancel"])
+async def test_leadership_loss_cancels_only_when_asked(
+    make: Factory, clock: FakeClock, journal: Journal, policy: str
+) -> None:
+    jobs = make()
+
+    @jobs.fixed_rate("long", every=60.0, on_leadership_lost=policy)  # type: ignore[arg-type]
+    async def long(ctx: JobContext) -> None:
+        run = journal.begin(ctx)
+        try:
+            await clock.sleep(30)
+        finally:
+            run.ended = clock.monotonic()
+
+    clock.jump_wall(-0.5)  # make the first tick come 0.5 s after start
+    await jobs.start()
+    await clock.advance(1.0)
+    assert len(journal.runs) == 1
+    elector = engine(jobs).elector
+    deadline = elector.leases["long"].deadline
+    original = elector._store.elect
+
+    async def unreachable(*args: object, **kwargs: object) -> object:
+        raise ConnectionError("gone")
+
+    elector._store.elect = unreachable  # type: ignore[method-assign]
+    await clock.advance(10.0)
+    run = journal.runs[0]
+    if policy == "cancel":
+        assert run.ended is not None
+        assert run.ended == pytest.approx(deadline, abs=0.02), "cancelled at the deadline"
+        stats = engine(jobs).runners["long"].stats
+        assert stats.last_run is not None and stats.last_run.outcome is Outcome.CANCELLED
+    else:
+        assert run.ended is None
+    elector._store.elect = original  # type: ignore[method-assign]
+
+
+async def test_two_nodes_never_run_a_job_at_once(
+    make: Factory, clock: FakeClock, journal: Journal
+) -> None:
+    nodes = [make(name) for name in ("a", "b", "c")]
+    for jobs in nodes:
+
+        @jobs.fixed_rate("tick", every=0.5)
+        async def tick(ctx: JobContext) -> None:
+            run = journal.begin(ctx)
+            await clock.sleep(0.3)
+            run.ended = clock.monotonic()
+
+        await jobs.start()
+    await clock.advance(5.0)
+    await stop(nodes[0], clock)  # graceful: hands over at once
+    await clock.advance(5.0)
+    assert journal.max_concurrent() == 1
+    leaders = {run.node for run in journal.runs}
+    assert len(leaders) == 2 and "a" in leaders
+    tokens = [run.token for run in journal.runs]
+    assert tokens == sorted(tokens)
+    (successor,) = leaders - {"a"}
+    gap = min(r.started for r in journal.runs if r.node == successor) - max(
+        r.started for r in journal.runs if r.node == "a"
+    )
+    assert gap <= 0.5 + 0.3 + 0.06, "the next tick after the handover runs on the new leader"
+
+
+async def test_shutdown_drains_the_run_in_flight_before_releasing(
+    make: Factory, clock: FakeClock, journal: Journal
+) -> None:
+    a, b = make("a"), make("b")
+    for jobs in (a, b):
+
+        @jobs.fixed_rate("tick", every=10.0)
+        async def tick(ctx: JobContext) -> None:
+            run = journal.begin(ctx)
+            await clock.sleep(1.0)
+            run.ended = clock.monotonic()
+
+    clock.jump_wall(-0.5)
+    await a.start()
+    await b.start()
+    await clock.advance(0.7)
+    assert len(journal.runs) == 1 and journal.runs[0].ended is None
+    await stop(a, clock)
+    assert journal.runs[0].ended is not None
+    assert journal.runs[0].ended == pytest.approx(1001.5, abs=0.06)
+    assert engine(b).elector.is_leader("tick")
+
+
+async def test_shutdown_cancels_runs_after_the_timeout(make: Factory, clock: FakeClock) -> None:
+    jobs = make(shutdown_timeout=1.0)
+    outcome: list[str] = []
+
+    @jobs.interval("forever", every=10.0)
+    async def forever() -> None:
+        try:
+            await clock.sleep(1000)
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+
+    await jobs.start()
+    await clock.advance(0.1)
+    began = clock.monotonic()
+    await stop(jobs, clock)
+    assert outcome == ["cancelled"]
+    assert clock.monotonic() - began == pytest.approx(1.0, abs=0.06)
+
+
+async def test_a_disabled_job_never_touches_the_store(make: Factory, clock: FakeClock) -> None:
+    jobs = make()
+    ran = False
+
+    @jobs.fixed_rate("off", every=0.5, enabled=False)
+    async def off() -> None:
+        nonlocal ran
+        ran = True
+
+    await jobs.start()
+    await clock.advance(5.0)
+    assert not ran
+    assert "off" not in engine(jobs).elector.leases
+    assert "off" not in engine(jobs).runners
+
+
+async def test_sync_jobs_run_in_a_worker_thread(make: Factory, clock: FakeClock) -> None:
+    jobs = make()
+    threads: list[str] = []
+    done = threading.Event()
+
+    @jobs.interval("sync", every=100.0)
+    def sync(ctx: JobContext) -> None:
+        assert ctx.is_leader
+        threads.append(threading.current_thread().name)
+        done.set()
+
+    await jobs.start()
+    await clock.settle()
+    assert await asyncio.to_thread(done.wait, 5.0)
+    assert threads and threads[0].startswith("singletonjob")
+    assert threads[0] != threading.current_thread().name
+
+
+async def test_context_carries_the_run_facts(make: Factory, clock: FakeClock) -> None:
+    jobs = make(node_id="node-1")
+    seen: list[JobContext] = []
+
+    @jobs.fixed_rate("ctx", every=1.0)
+    async def job(context: JobContext) -> None:
+        seen.append(context)
+
+    await jobs.start()
+    await clock.advance(2.0)
+    first, second = seen[:2]
+    assert (first.job, first.node_id, first.fencing_token) == ("ctx", "node-1", 1)
+    assert first.scheduled_at == START + timedelta(seconds=1)
+    assert first.started_at == first.scheduled_at
+    assert (first.iteration, second.iteration) == (1, 2)
+    assert first.is_leader and not first.leadership_lost.is_set()
+
+
+async def test_no_run_starts_on_a_lease_that_expired_while_the_loop_was_blocked(
+    make: Factory, clock: FakeClock, journal: Journal
+) -> None:
+    jobs = make()
+
+    @jobs.fixed_rate("tick", every=1.0)
+    async def tick(ctx: JobContext) -> None:
+        journal.begin(ctx).ended = clock.monotonic()
+
+    await jobs.start()
+    await clock.advance(2.5)
+    runs = len(journal.runs)
+    clock.stall(2.9)  # past the lease deadline, before anything could renew
+    runner = engine(jobs).runners["tick"]
+    assert runner.start(clock.now()) is None
+    assert len(journal.runs) == runs
