@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ._exceptions import ConfigurationError
 
@@ -33,6 +33,8 @@ DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 MIN_PERIOD_S: Final = 0.001
 URL_SCHEMES: Final = ("redis", "rediss", "unix", "memory")
 
+MAX_DURATION_S: Final = 10 * 366 * 86400.0
+_SECRET_PARAMS = frozenset({"password", "username", "user"})
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _NAME_RULE = "1-100 characters: letters, digits, '-', '_' or '.', starting with a letter or digit"
 
@@ -79,6 +81,12 @@ def to_seconds(
             job=job,
             field=field,
         )
+    if seconds > MAX_DURATION_S:
+        raise ConfigurationError(
+            f"{field}={value!r} is longer than ten years; use a shorter duration",
+            job=job,
+            field=field,
+        )
     if 0 < seconds < minimum_s:
         raise ConfigurationError(
             f"{field}={value!r} is below the smallest supported value of {minimum_s:g}s; "
@@ -90,15 +98,21 @@ def to_seconds(
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any user name and password replaced, safe for logs and status pages."""
+    """``url`` with any user name and password replaced, safe for logs and status pages.
+
+    Covers both places redis-py reads a password from: ``user:password@`` and ``?password=``.
+    """
     try:
         parts = urlsplit(url)
-        if parts.username is None and parts.password is None:
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        secret_query = any(key.lower() in _SECRET_PARAMS for key, _ in query)
+        if parts.username is None and parts.password is None and not secret_query:
             return url
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        return urlunsplit(parts._replace(netloc=f"***@{host}"))
+        netloc = parts.netloc.rpartition("@")[2]
+        if parts.username is not None or parts.password is not None:
+            netloc = f"***@{netloc}"
+        query = [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in query]
+        return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
     except ValueError:
         return "<unparsable url>"
 

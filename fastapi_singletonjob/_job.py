@@ -66,14 +66,17 @@ def context_parameters(spec: JobSpec) -> list[str]:
     parameter that has no default, since nothing could fill it at run time."""
     try:
         signature = inspect.signature(spec.func)
-        hints = get_type_hints(spec.func)
-    except (TypeError, ValueError, NameError) as exc:
+    except (TypeError, ValueError) as exc:
         raise ConfigurationError(
             f"cannot read the signature of {spec.func!r}: {exc}", job=spec.name, field="func"
         ) from exc
+    try:
+        hints = get_type_hints(spec.func)
+    except Exception:  # an annotation imported only under TYPE_CHECKING: read the raw text
+        hints = {name: p.annotation for name, p in signature.parameters.items()}
     names = []
     for parameter in signature.parameters.values():
-        if hints.get(parameter.name) is JobContext:
+        if hints.get(parameter.name) in (JobContext, "JobContext"):
             names.append(parameter.name)
         elif parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue

@@ -124,6 +124,7 @@ class SingletonJobs:
     ) -> Callable[[F], F]:
         """Run the decorated function as soon as this node leads, then ``every`` after
         each run ends (run, then wait)."""
+        check_name(name, field="name")
         every_s = to_seconds(every, field="every", job=name, minimum_s=MIN_PERIOD_S)
         return self._decorator(
             name,
@@ -148,6 +149,7 @@ class SingletonJobs:
     ) -> Callable[[F], F]:
         """Run the decorated function on a grid of instants ``epoch + offset + k * every``
         shared by all replicas; a tick that comes while a run is still going is dropped."""
+        check_name(name, field="name")
         every_s = to_seconds(every, field="every", job=name, minimum_s=MIN_PERIOD_S)
         offset_s = to_seconds(offset, field="offset", job=name, allow_zero=True)
         if offset_s >= every_s:

@@ -8,6 +8,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from itertools import pairwise
 
 import pytest
 
@@ -111,13 +112,11 @@ async def test_fixed_rate_ticks_on_the_epoch_grid_without_drift(
     instants = [run.scheduled_at for run in journal.runs]
     assert len(instants) >= 3990
     for instant in instants:
-        micros = (instant - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(
-            microseconds=1
-        )
+        micros = (instant - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
         assert micros % 250_000 == 100_000
-    assert all(b - a == timedelta(milliseconds=250) for a, b in zip(instants, instants[1:]))
-    started_late = [run.started - (run.scheduled_at - START).total_seconds() for run in journal.runs]
-    assert max(started_late) - min(started_late) < 1e-6, "runs start exactly on the grid"
+    assert all(b - a == timedelta(milliseconds=250) for a, b in pairwise(instants))
+    late = [run.started - (run.scheduled_at - START).total_seconds() for run in journal.runs]
+    assert max(late) - min(late) < 1e-6, "runs start exactly on the grid"
 
 
 async def test_overlapping_ticks_are_dropped_and_counted(
@@ -138,7 +137,7 @@ async def test_overlapping_ticks_are_dropped_and_counted(
     assert 8 <= len(journal.runs) <= 11
     assert stats.dropped[DropReason.OVERLAP] >= 2 * (len(journal.runs) - 1)
     # the next run starts at the first tick after the previous one ended: never queued
-    for before, after in zip(journal.runs, journal.runs[1:]):
+    for before, after in pairwise(journal.runs):
         assert before.ended is not None
         assert 0 <= after.started - before.ended <= 1.0
 
@@ -177,7 +176,7 @@ async def test_interval_runs_then_waits(make: Factory, clock: FakeClock, journal
     await clock.advance(20.0)
     runs = journal.runs
     assert runs[0].started == pytest.approx(1000.0), "runs as soon as the node leads"
-    for before, after in zip(runs, runs[1:]):
+    for before, after in pairwise(runs):
         assert before.ended is not None
         assert after.started - before.ended == pytest.approx(2.0)
     assert len(runs) == 9  # at 0, 2.5, ..., 20
@@ -224,9 +223,7 @@ async def test_a_failing_run_is_logged_counted_and_the_schedule_goes_on(
     assert engine(jobs).elector.is_leader("boom")
 
 
-async def test_timeout_cancels_a_run_that_takes_too_long(
-    make: Factory, clock: FakeClock
-) -> None:
+async def test_timeout_cancels_a_run_that_takes_too_long(make: Factory, clock: FakeClock) -> None:
     jobs = make()
     cancelled = 0
 
@@ -250,7 +247,11 @@ async def test_timeout_cancels_a_run_that_takes_too_long(
 
 @pytest.mark.parametrize("policy", ["finish", "cancel"])
 async def test_leadership_loss_cancels_only_when_asked(
-    make: Factory, clock: FakeClock, journal: Journal, policy: str
+    make: Factory,
+    clock: FakeClock,
+    journal: Journal,
+    policy: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     jobs = make()
 
@@ -268,12 +269,11 @@ async def test_leadership_loss_cancels_only_when_asked(
     assert len(journal.runs) == 1
     elector = engine(jobs).elector
     deadline = elector.leases["long"].deadline
-    original = elector._store.elect
 
     async def unreachable(*args: object, **kwargs: object) -> object:
         raise ConnectionError("gone")
 
-    elector._store.elect = unreachable  # type: ignore[method-assign]
+    monkeypatch.setattr(elector._store, "elect", unreachable)
     await clock.advance(10.0)
     run = journal.runs[0]
     if policy == "cancel":
@@ -283,7 +283,6 @@ async def test_leadership_loss_cancels_only_when_asked(
         assert stats.last_run is not None and stats.last_run.outcome is Outcome.CANCELLED
     else:
         assert run.ended is None
-    elector._store.elect = original  # type: ignore[method-assign]
 
 
 async def test_two_nodes_never_run_a_job_at_once(
@@ -330,10 +329,10 @@ async def test_shutdown_drains_the_run_in_flight_before_releasing(
     await a.start()
     await b.start()
     await clock.advance(0.7)
-    assert len(journal.runs) == 1 and journal.runs[0].ended is None
+    (run,) = journal.runs
+    assert run.ended is None
     await stop(a, clock)
-    assert journal.runs[0].ended is not None
-    assert journal.runs[0].ended == pytest.approx(1001.5, abs=0.06)
+    assert journal.runs[0].ended == pytest.approx(1001.5, abs=0.06), "drained, not cancelled"
     assert engine(b).elector.is_leader("tick")
 
 
