@@ -79,6 +79,8 @@ class Lease:
     holder_token: int | None = None
     holder_ttl_s: float | None = None
     terms: int = 0
+    wanted: bool = True
+    """False once the job has stopped for good: its lease is no longer requested."""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     """The current term's "leadership lost" signal; a fresh event per term."""
     leading: asyncio.Event = field(default_factory=asyncio.Event)
@@ -158,7 +160,9 @@ class Elector:
     async def round(self) -> float:
         """One acquire-or-renew round for all leases; returns the delay until the next."""
         self._expire()
-        requests = [LeaseRequest(lease.job, lease.ttl_s) for lease in self.leases.values()]
+        requests = [
+            LeaseRequest(lease.job, lease.ttl_s) for lease in self.leases.values() if lease.wanted
+        ]
         sent_at = self._clock.monotonic()
         try:
             if requests:
@@ -173,6 +177,9 @@ class Elector:
             self._on_success(sent_at, replies)
         finally:
             self.last_round_at = self._clock.monotonic()
+        resigned = [x.job for x in self.leases.values() if not x.wanted and x.value is not None]
+        if resigned:
+            await self.release(resigned)
         self._expire()
         return self._delay()
 
@@ -205,10 +212,12 @@ class Elector:
                 self._end_term(lease, f"the lock is now held by {reply.holder!r}")
             return
         lease.holder_ttl_s = None
+        lease.value = reply.value
+        if not lease.wanted:
+            return  # resigned while this round was in flight: released right after it
         token = reply.token if reply.token is not None else 0
         if lease.token is not None and lease.token != token:
             self._end_term(lease, f"the lock was re-created with token {token}")
-        lease.value = reply.value
         lease.deadline = lease_deadline(sent_at, lease.ttl_s)
         if lease.token is None and lease.deadline > self._clock.monotonic():
             lease.token = token
@@ -306,6 +315,12 @@ class Elector:
             )
 
     # -- shutdown -------------------------------------------------------------------------
+
+    async def resign(self, job: str) -> None:
+        """Stop competing for ``job`` for good (its schedule ended or its loop died) and hand
+        its lock to the other nodes, so that a job nobody runs is not kept locked."""
+        self.leases[job].wanted = False
+        await self.release([job])
 
     async def release(self, jobs: Sequence[str] | None = None, timeout_s: float = 2.0) -> int:
         """Release the locks this node holds (of ``jobs``, default all) and notify the others.

@@ -15,7 +15,6 @@ Shutdown order, chosen so that no two nodes ever run a job at once:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -127,8 +126,12 @@ class Engine:
             )
         if self._election is not None:
             self._election.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._election
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                logger.exception("the election loop of node %s had failed", self.settings.node_id)
         await self.elector.release([name for name in self.runners if name not in stuck])
         if self._executor is not None:
             self._executor.shutdown(wait=False)

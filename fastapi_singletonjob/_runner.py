@@ -59,17 +59,35 @@ class JobRunner:
         self._iteration = 0
         self.current: asyncio.Task[None] | None = None
         """The run in flight, if any."""
+        self.crashed: BaseException | None = None
+        """Why the schedule loop died, if it did."""
 
     # -- scheduling -----------------------------------------------------------------------
 
     async def loop(self) -> None:
-        """Decide when to run, until cancelled or until the schedule has no more instants."""
-        if isinstance(self.spec.schedule, Interval):
-            await self._interval_loop(self.spec.schedule)
-        else:
-            await self._instant_loop()
-        logger.info("job %r has no more fire times on node %s", self.spec.name, self._node)
+        """Decide when to run, until cancelled or until the schedule has no more instants.
+
+        When the loop ends for good (no more instants, or the schedule itself raised), the
+        node resigns the job's lease so that the lock is not held by a node that never runs
+        it; a run in flight is left to finish.
+        """
+        try:
+            if isinstance(self.spec.schedule, Interval):
+                await self._interval_loop(self.spec.schedule)
+            else:
+                await self._instant_loop()
+            logger.info("job %r has no more fire times on node %s", self.spec.name, self._node)
+        except Exception as exc:
+            self.crashed = exc
+            logger.exception(
+                "the schedule of job %r failed on node %s; the job stops on this node",
+                self.spec.name,
+                self._node,
+            )
         self.stats.next_run = None
+        if self.current is not None:
+            await asyncio.wait({self.current})
+        await self._elector.resign(self.spec.name)
 
     async def _interval_loop(self, schedule: Interval) -> None:
         # Run as soon as this node leads, then wait `every` after each run ends.

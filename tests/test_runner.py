@@ -424,3 +424,54 @@ async def test_no_run_starts_on_a_lease_that_expired_while_the_loop_was_blocked(
     runner = engine(jobs).runners["tick"]
     assert runner.start(clock.now()) is None
     assert len(journal.runs) == runs
+
+
+class Twice:
+    """A custom schedule: two instants, then none."""
+
+    def __init__(self, first: datetime) -> None:
+        self.instants = [first, first + timedelta(seconds=1)]
+
+    def next_fire(self, after: datetime) -> datetime | None:
+        return next((t for t in self.instants if t > after), None)
+
+
+class Broken:
+    def next_fire(self, after: datetime) -> datetime | None:
+        raise ArithmeticError("bad schedule")
+
+
+async def test_custom_schedule_that_ends_releases_the_lock(
+    make: Factory, clock: FakeClock, journal: Journal
+) -> None:
+    jobs = make()
+
+    @jobs.schedule("twice", Twice(START + timedelta(seconds=2)))
+    async def twice(ctx: JobContext) -> None:
+        journal.begin(ctx).ended = clock.monotonic()
+
+    await jobs.start()
+    await clock.advance(10.0)
+    assert [run.scheduled_at for run in journal.runs] == Twice(
+        START + timedelta(seconds=2)
+    ).instants
+    lease = engine(jobs).elector.leases["twice"]
+    assert not lease.wanted and lease.token is None and lease.value is None
+
+
+async def test_a_failing_schedule_is_logged_and_resigned(
+    make: Factory, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs = make()
+
+    @jobs.schedule("broken", Broken())
+    async def broken() -> None:
+        raise AssertionError("never runs")
+
+    with caplog.at_level(logging.ERROR, logger="fastapi_singletonjob"):
+        await jobs.start()
+        await clock.advance(2.0)
+    runner = engine(jobs).runners["broken"]
+    assert isinstance(runner.crashed, ArithmeticError)
+    assert any("schedule of job 'broken' failed" in r.getMessage() for r in caplog.records)
+    assert not engine(jobs).elector.is_leader("broken")
