@@ -1,0 +1,388 @@
+"""The lease-store contract, run against both stores on real time.
+
+Every test in the first part runs twice: on :class:`MemoryLeaseStore` with the system clock, and
+on :class:`RedisLeaseStore` against the suite's shared redis-server. The second part checks
+what only Redis has: its keys, scripts, memory, client handling and authentication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pytest
+import redis
+import redis.asyncio
+from servers import RedisServer, RedisServerFactory
+from waiting import wait_until
+
+from fastapi_singletonjob import _keys
+from fastapi_singletonjob._clock import SystemClock
+from fastapi_singletonjob._redis_store import RedisLeaseStore
+from fastapi_singletonjob._store import LeaseReply, LeaseRequest, LeaseStore, MemoryLeaseStore
+
+TTL_S = 1.0
+TTL_MS = round(TTL_S * 1000)
+# Redis keeps expiries in whole milliseconds; the memory store is exact.
+MS = 0.002
+# MEMORY USAGE counts the key, the value and the server's per-key overhead: Redis 7.0 says 152
+# and 88 bytes for a 30-character node id; the bounds leave room for other server builds.
+LOCK_BYTES_MAX = 200
+FENCE_BYTES_MAX = 120
+
+
+@dataclass
+class Case:
+    """One store under test, and how to count its release subscribers."""
+
+    store: LeaseStore
+    subscribers: Callable[[], int]
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def case(request: pytest.FixtureRequest, unique_project: str) -> AsyncIterator[Case]:
+    if request.param == "memory":
+        memory = MemoryLeaseStore(unique_project, SystemClock())
+        yield Case(memory, lambda: len(memory._data.listeners))
+        await memory.aclose()
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    url: str = request.getfixturevalue("redis_url")
+    store = RedisLeaseStore(unique_project, url=url)
+    channel = _keys.release_channel(unique_project)
+    with server.client() as inspector:
+
+        def subscribers() -> int:
+            counts = dict(inspector.pubsub_numsub(channel))
+            return int(counts.get(channel, 0))
+
+        try:
+            yield Case(store, subscribers)
+        finally:
+            await store.aclose()
+
+
+async def elect_one(store: LeaseStore, node: str, ttl_s: float = TTL_S) -> LeaseReply:
+    [reply] = await store.elect(node, [LeaseRequest("job", ttl_s)])
+    return reply
+
+
+async def new_term(store: LeaseStore, node: str) -> int:
+    """Acquire the (free) lock; return the new term's token."""
+    reply = await elect_one(store, node)
+    assert reply.held and reply.token is not None, reply
+    return reply.token
+
+
+# --- both stores -------------------------------------------------------------------------------
+
+
+async def test_acquire_free_lock(case: Case) -> None:
+    reply = await elect_one(case.store, "n1")
+
+    assert reply.job == "job"
+    assert reply.held
+    assert reply.holder == "n1"
+    assert reply.token is not None and reply.token > 0
+    assert reply.value == f"{reply.token}|n1"
+    assert reply.ttl_s == pytest.approx(TTL_S, abs=MS)
+
+
+async def test_renew_keeps_token_and_resets_ttl(case: Case) -> None:
+    first = await elect_one(case.store, "n1", ttl_s=2.0)
+    await asyncio.sleep(0.3)  # let the lease run down, to see the renewal restore it
+    before = await elect_one(case.store, "n2", ttl_s=2.0)
+
+    renewed = await elect_one(case.store, "n1", ttl_s=2.0)
+    after = await elect_one(case.store, "n2", ttl_s=2.0)
+
+    assert renewed.held and renewed.token == first.token and renewed.value == first.value
+    assert renewed.ttl_s == pytest.approx(2.0, abs=MS)
+    assert before.ttl_s is not None and after.ttl_s is not None
+    assert before.ttl_s <= 2.0 - 0.3 + MS
+    assert after.ttl_s > before.ttl_s  # the renewal moved the expiry later
+
+
+async def test_other_node_sees_holder_and_ttl(case: Case) -> None:
+    sent_at = time.monotonic()
+    mine = await elect_one(case.store, "n1")
+    theirs = await elect_one(case.store, "n2")
+    elapsed = time.monotonic() - sent_at
+
+    assert not theirs.held
+    assert theirs.holder == "n1"
+    assert theirs.token == mine.token
+    assert theirs.value == mine.value
+    assert theirs.ttl_s is not None
+    assert TTL_S - elapsed - MS <= theirs.ttl_s <= TTL_S
+
+
+async def test_expiry_lets_another_node_acquire_with_greater_token(case: Case) -> None:
+    ttl_s = 0.3
+    sent_at = time.monotonic()
+    first = await elect_one(case.store, "n1", ttl_s)
+    assert first.held and first.token is not None
+    second: list[LeaseReply] = []
+
+    async def n2_acquires() -> bool:
+        second[:] = [await elect_one(case.store, "n2", ttl_s)]
+        return second[0].held
+
+    acquired_at = await wait_until(n2_acquires, 3.0, "n2 acquires the expired lock", poll_s=0.01)
+
+    assert acquired_at - sent_at >= ttl_s - MS  # not before the lease ran out
+    assert second[0].holder == "n2"
+    assert second[0].token is not None and second[0].token > first.token
+
+
+async def test_release_deletes_only_the_value_given(case: Case) -> None:
+    # A later term of the same node: the lock of the first term expired, and n1 took it again.
+    old = await elect_one(case.store, "n1", 0.05)
+    await asyncio.sleep(0.1)  # twice the lease: it has run out (time passing is the point)
+    current = await elect_one(case.store, "n1")
+    assert old.value is not None and current.value is not None
+    assert current.held and current.token is not None and old.token is not None
+    assert current.token > old.token
+
+    assert await case.store.release("n1", {"job": old.value}) == 0
+    assert await case.store.release("n2", {"job": f"{current.token}|n2"}) == 0
+    assert await case.store.release("n2", {"job": "not-a-lock-value"}) == 0
+    assert await case.store.release("n1", {"other-job": current.value}) == 0
+    still = await elect_one(case.store, "n2")
+    assert not still.held and still.value == current.value
+
+    assert await case.store.release("n1", {"job": current.value}) == 1
+    taken = await elect_one(case.store, "n2")
+    assert taken.held and taken.token is not None and taken.token > (current.token or 0)
+    assert await case.store.release("n1", {"job": current.value}) == 0  # n2's lock stays
+    assert (await elect_one(case.store, "n1")).holder == "n2"
+
+
+async def test_release_notifies_subscriber(case: Case) -> None:
+    calls: list[float] = []
+    listener = asyncio.create_task(case.store.listen_releases(lambda: calls.append(0.0)))
+    try:
+        await wait_until(lambda: case.subscribers() >= 1, 2.0, "the listener subscribed")
+        mine = await elect_one(case.store, "n1")
+        assert mine.value is not None
+
+        assert await case.store.release("n1", {"job": "1|somebody-else"}) == 0  # no notice
+        assert await case.store.release("n1", {"job": mine.value}) == 1
+        await wait_until(lambda: len(calls) >= 1, 2.0, "the release notice")
+        # A second release as a sentinel: notices arrive in order, so a notice of the failed
+        # release above would show up as a third call by the time this one arrives.
+        again = await elect_one(case.store, "n1")
+        assert again.value is not None
+        assert await case.store.release("n1", {"job": again.value}) == 1
+        await wait_until(lambda: len(calls) >= 2, 2.0, "the second release notice")
+        assert len(calls) == 2
+        assert not listener.done()
+    finally:
+        listener.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await listener
+    await wait_until(lambda: case.subscribers() == 0, 2.0, "the listener unsubscribed")
+
+
+async def test_many_jobs_in_one_elect(case: Case) -> None:
+    jobs = [f"job-{i}" for i in range(5)]
+    mine = await case.store.elect("n1", [LeaseRequest(job, TTL_S) for job in jobs])
+
+    assert [r.job for r in mine] == jobs
+    assert all(r.held and r.holder == "n1" for r in mine)
+    assert all(r.ttl_s == pytest.approx(TTL_S, abs=MS) for r in mine)
+
+    mixed = [LeaseRequest("job-3", TTL_S), LeaseRequest("new", 0.5), LeaseRequest("job-0", TTL_S)]
+    theirs = await case.store.elect("n2", mixed)
+
+    assert [r.job for r in theirs] == ["job-3", "new", "job-0"]
+    assert [r.held for r in theirs] == [False, True, False]
+    assert [r.holder for r in theirs] == ["n1", "n2", "n1"]
+    assert theirs[0].value == mine[3].value and theirs[2].value == mine[0].value
+    assert theirs[1].ttl_s == pytest.approx(0.5, abs=MS)
+
+    released = await case.store.release("n1", {r.job: r.value for r in mine if r.value})
+    assert released == 5
+
+
+async def test_ping(case: Case) -> None:
+    await case.store.ping()
+
+
+# --- Redis only --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def store(unique_project: str, redis_url: str) -> AsyncIterator[RedisLeaseStore]:
+    redis_store = RedisLeaseStore(unique_project, url=redis_url)
+    try:
+        yield redis_store
+    finally:
+        await redis_store.aclose()
+
+
+@pytest.mark.redis
+async def test_redis_keys_and_values(
+    store: RedisLeaseStore, redis_server: RedisServer, unique_project: str
+) -> None:
+    reply = await elect_one(store, "node-a")
+    lock = _keys.lock_key(unique_project, "job")
+    fence = _keys.fence_key(unique_project, "job")
+
+    with redis_server.client() as client:
+        keys = set(client.scan_iter(match=f"singletonjob:{{{unique_project}}}:*"))
+        assert keys == {lock, fence}
+        assert lock == f"singletonjob:{{{unique_project}}}:job:lock"
+        assert client.get(lock) == f"{reply.token}|node-a"
+        assert client.get(fence) == str(reply.token)
+        assert TTL_MS - 200 <= client.pttl(lock) <= TTL_MS
+        assert client.pttl(fence) == -1  # the fence outlives every term
+        assert client.type(lock) == "string"
+
+
+@pytest.mark.redis
+async def test_redis_script_flush_is_survived(
+    store: RedisLeaseStore, redis_server: RedisServer
+) -> None:
+    first = await elect_one(store, "n1")
+    with redis_server.client() as client:
+        client.script_flush()
+        renewed = await elect_one(store, "n1")  # NOSCRIPT, then the script is sent again
+        assert renewed.held and renewed.token == first.token
+        client.script_flush()
+        assert renewed.value is not None
+        assert await store.release("n1", {"job": renewed.value}) == 1
+        assert (await elect_one(store, "n2")).held
+
+
+@pytest.mark.redis
+async def test_redis_tokens_keep_growing_after_data_loss(
+    fresh_redis: RedisServerFactory, unique_project: str
+) -> None:
+    server = fresh_redis()
+    store = RedisLeaseStore(unique_project, url=server.url)
+    fence = _keys.fence_key(unique_project, "job")
+    try:
+        tokens = [await new_term(store, "n1")]
+        with server.client() as client:
+            client.flushall()
+            tokens.append(await new_term(store, "n2"))
+        await asyncio.to_thread(server.restart)  # empty: no persistence
+        tokens.append(await new_term(store, "n1"))
+        with server.client() as client:
+            # A fence ahead of the server clock (a clock that stepped back) still wins.
+            ahead = 2 * int(client.get(fence) or 0)
+            client.set(fence, ahead)
+            client.delete(_keys.lock_key(unique_project, "job"))
+            tokens.append(await new_term(store, "n2"))
+    finally:
+        await store.aclose()
+
+    assert tokens == sorted(set(tokens)), f"tokens must strictly grow: {tokens}"
+    assert tokens[-1] == ahead + 1
+
+
+@pytest.mark.redis
+async def test_redis_one_round_trip_elects_all_jobs(
+    fresh_redis: RedisServerFactory, unique_project: str
+) -> None:
+    server = fresh_redis()
+    store = RedisLeaseStore(unique_project, url=server.url)
+    requests = [LeaseRequest(f"job-{i}", TTL_S) for i in range(20)]
+    try:
+        await store.elect("n1", requests)  # connects and loads the script
+        with server.client() as client:
+            before = _calls(client)
+            replies = await store.elect("n1", requests)
+            after = _calls(client)
+    finally:
+        await store.aclose()
+
+    assert all(reply.held for reply in replies)
+    delta = {k[len("cmdstat_") :]: n - before.get(k, 0) for k, n in after.items()}
+    assert delta.pop("evalsha") == 1
+    # Everything else ran inside that one script call.
+    assert {k for k, n in delta.items() if n} <= {"get", "set", "pexpire", "pttl", "time"}
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    """Calls per command so far, leaving out the INFO calls that read them."""
+    stats = client.info("commandstats")
+    return {k: int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info"}
+
+
+@pytest.mark.redis
+async def test_redis_key_sizes(
+    store: RedisLeaseStore, redis_server: RedisServer, unique_project: str
+) -> None:
+    # A typical pod name as node id, and a typical job name.
+    await store.elect("web-7d9f8c6b5-x2k4p-12345-ab12", [LeaseRequest("price-tick", TTL_S)])
+    with redis_server.client() as client:
+        lock_bytes = int(client.memory_usage(_keys.lock_key(unique_project, "price-tick")) or 0)
+        fence_bytes = int(client.memory_usage(_keys.fence_key(unique_project, "price-tick")) or 0)
+
+    print(f"MEMORY USAGE: lock key {lock_bytes} B, fence key {fence_bytes} B")
+    assert 0 < lock_bytes <= LOCK_BYTES_MAX
+    assert 0 < fence_bytes <= FENCE_BYTES_MAX
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("decode_responses", [False, True])
+async def test_redis_user_client_is_used_and_left_open(
+    redis_server: RedisServer, unique_project: str, decode_responses: bool
+) -> None:
+    name = f"{unique_project}-app"
+    client = redis.asyncio.Redis.from_url(
+        redis_server.url, decode_responses=decode_responses, client_name=name
+    )
+
+    async def connections() -> set[int]:
+        """Ids of the server's connections with the user's settings (so, its name)."""
+        return {int(c["id"]) for c in await client.client_list() if c["name"] == name}
+
+    try:
+        users = await client.client_id()
+        store = RedisLeaseStore(unique_project, client=client)
+        try:
+            reply = await elect_one(store, "n1")
+            assert reply.held and reply.value == f"{reply.token}|n1"
+            assert await store.release("n1", {"job": reply.value}) == 1
+            assert "client passed in" in repr(store)
+            ours = await connections()
+            assert users in ours and len(ours) >= 2  # the store has connections of its own
+        finally:
+            await store.aclose()
+
+        # The store's connections are gone; the user's very connection is still open.
+        async def only_users_left() -> bool:
+            return await connections() == {users}
+
+        await wait_until(only_users_left, 2.0, "only the user's connection is left")
+        assert await client.client_id() == users
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.redis
+async def test_redis_url_with_password(
+    fresh_redis: RedisServerFactory, unique_project: str
+) -> None:
+    server = fresh_redis()
+    # servers.py's readiness probe has no password, so the password is set after startup.
+    with server.client() as client:
+        client.config_set("requirepass", "s3cret-pw")
+    good = RedisLeaseStore(unique_project, url=f"redis://:s3cret-pw@127.0.0.1:{server.port}/0")
+    bad = RedisLeaseStore(unique_project, url=f"redis://:wrong@127.0.0.1:{server.port}/0")
+    anonymous = RedisLeaseStore(unique_project, url=server.url)
+    try:
+        assert (await elect_one(good, "n1")).held
+        assert "s3cret-pw" not in repr(good)
+        with pytest.raises(redis.AuthenticationError):
+            await elect_one(bad, "n2")
+        with pytest.raises(redis.AuthenticationError):
+            await anonymous.ping()
+    finally:
+        for each in (good, bad, anonymous):
+            await each.aclose()
