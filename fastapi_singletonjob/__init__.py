@@ -1,7 +1,7 @@
 """Run a periodic job on exactly one replica of a FastAPI service, elected through Redis."""
 
 from ._context import JobContext
-from ._exceptions import BackendError, ConfigurationError, SingletonJobError
+from ._exceptions import ConfigurationError, SingletonJobError
 from ._jobs import SingletonJobs
 from ._schedule import Cron, FixedRate, Interval, Schedule
 from ._state import DropReason, Outcome
@@ -9,7 +9,6 @@ from ._state import DropReason, Outcome
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendError",
     "ConfigurationError",
     "Cron",
     "DropReason",

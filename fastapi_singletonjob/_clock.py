@@ -11,7 +11,7 @@ import time
 from datetime import datetime, timezone
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "SystemClock"]
+__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock"]
 
 
 @runtime_checkable
@@ -66,3 +66,7 @@ class SystemClock:
 
     def __repr__(self) -> str:
         return "SystemClock()"
+
+
+SYSTEM_CLOCK = SystemClock()
+"""The one system clock instance (``memory://`` stores coordinate per clock and URL)."""

@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import logging
 import random
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ._clock import Clock
 from ._store import LeaseReply, LeaseRequest, LeaseStore
 
-__all__ = ["Elector", "Lease", "lease_deadline", "next_attempt_delay"]
+__all__ = ["Elector", "Lease", "lease_deadline", "next_attempt_delay", "node_of"]
 
 logger = logging.getLogger("fastapi_singletonjob.election")
 
@@ -27,6 +28,15 @@ CLOCK_RATE_ERROR = 1e-3
 """Assumed worst relative rate error between this node's clock and Redis's (NTP: <= 5e-4)."""
 MARGIN_FRACTION = 0.01
 MIN_MARGIN_S = 0.005
+OWNER_SEPARATOR = "#"
+
+
+def node_of(owner: str | None) -> str | None:
+    """The node id part of a lock owner ``"<node id>#<instance nonce>"``."""
+    if owner is None:
+        return None
+    node, sep, _ = owner.rpartition(OWNER_SEPARATOR)
+    return node if sep else owner
 
 
 def lease_deadline(sent_at: float, ttl_s: float) -> float:
@@ -103,6 +113,10 @@ class Elector:
     ) -> None:
         self._store = store
         self.node_id = node_id
+        # The identity written into locks: the node id plus a per-instance nonce, so that two
+        # processes configured with the same node id can never both believe they hold a lock.
+        self.owner = f"{node_id}{OWNER_SEPARATOR}{secrets.token_hex(4)}"
+        self._warned_twin = False
         self.leases = {lease.job: lease for lease in leases}
         self._heartbeat_s = heartbeat_s
         self._max_backoff_s = max_backoff_s
@@ -167,7 +181,7 @@ class Elector:
         try:
             if requests:
                 replies = await asyncio.wait_for(
-                    self._store.elect(self.node_id, requests), self._call_timeout(sent_at)
+                    self._store.elect(self.owner, requests), self._call_timeout(sent_at)
                 )
             else:
                 replies = []
@@ -205,11 +219,18 @@ class Elector:
             self._apply(self.leases[reply.job], reply, sent_at)
 
     def _apply(self, lease: Lease, reply: LeaseReply, sent_at: float) -> None:
-        lease.holder, lease.holder_token = reply.holder, reply.token
+        lease.holder, lease.holder_token = node_of(reply.holder), reply.token
         if not reply.held:
+            if lease.holder == self.node_id and not self._warned_twin:
+                self._warned_twin = True
+                logger.warning(
+                    "another instance uses node id %r too; give each replica its own node_id "
+                    "(the lock still elects only one of them)",
+                    self.node_id,
+                )
             lease.holder_ttl_s = reply.ttl_s
             if lease.token is not None:
-                self._end_term(lease, f"the lock is now held by {reply.holder!r}")
+                self._end_term(lease, f"the lock is now held by {lease.holder!r}")
             return
         lease.holder_ttl_s = None
         lease.value = reply.value
@@ -340,7 +361,7 @@ class Elector:
         if not values:
             return 0
         try:
-            released = await asyncio.wait_for(self._store.release(self.node_id, values), timeout_s)
+            released = await asyncio.wait_for(self._store.release(self.owner, values), timeout_s)
         except Exception as exc:
             logger.warning(
                 "node %s could not release its locks (%s); they expire on their own: %r",

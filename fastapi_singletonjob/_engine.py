@@ -101,8 +101,7 @@ class Engine:
         """Shut down in the order described in the module docstring; never raises for a
         job's misbehaviour."""
         for task in self._loops:
-            task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+            await _cancel(task)
         runs = {name: r.current for name, r in self.runners.items() if r.current is not None}
         if runs:
             logger.info(
@@ -125,13 +124,7 @@ class Engine:
                 ", ".join(stuck),
             )
         if self._election is not None:
-            self._election.cancel()
-            try:
-                await self._election
-            except asyncio.CancelledError:
-                pass
-            except Exception:
-                logger.exception("the election loop of node %s had failed", self.settings.node_id)
+            await _cancel(self._election)
         await self.elector.release([name for name in self.runners if name not in stuck])
         if self._executor is not None:
             self._executor.shutdown(wait=False)
@@ -152,3 +145,17 @@ async def _wait(
     finally:
         timer.cancel()
     return {task for task in tasks if task.done()}, pending
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait until it has ended.
+
+    The cancel is repeated: on Python < 3.12, ``asyncio.wait_for`` can swallow a cancel that
+    lands just as the awaited call completes, and the task would go on. Waiting with
+    ``asyncio.wait`` never raises, so a cancel aimed at the caller itself is not swallowed.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.1)
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("task %s had failed", task.get_name(), exc_info=task.exception())

@@ -3,11 +3,12 @@
 The hierarchy, so that callers can see what they can catch::
 
     SingletonJobError
-    ├── ConfigurationError (also a ValueError)
-    │       a setting or a job registration is invalid; raised at definition or startup,
-    │       never at the first tick
-    └── BackendError
-            the lease store (Redis) failed in a way the library does not retry by itself
+    └── ConfigurationError (also a ValueError)
+            a setting or a job registration is invalid; raised at definition or startup,
+            never at the first tick
+
+Failures of Redis are not raised to the application: the election retries them with
+backoff, logs them, and shows them in the status.
 
 Losing leadership is not an error: it is a normal state, logged and shown in the status,
 and a run that must stop because of it is cancelled (``asyncio.CancelledError``).
@@ -15,7 +16,7 @@ and a run that must stop because of it is cancelled (``asyncio.CancelledError``)
 
 from __future__ import annotations
 
-__all__ = ["BackendError", "ConfigurationError", "SingletonJobError"]
+__all__ = ["ConfigurationError", "SingletonJobError"]
 
 
 class SingletonJobError(Exception):
@@ -32,7 +33,3 @@ class ConfigurationError(SingletonJobError, ValueError):
         self.job = job
         self.field = field
         super().__init__(f"job {job!r}: {message}" if job is not None else message)
-
-
-class BackendError(SingletonJobError):
-    """Raised when the lease store cannot be used as configured (for example a bad URL)."""

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
-from ._clock import Clock, SystemClock
+from ._clock import SYSTEM_CLOCK, Clock
 from ._config import MIN_PERIOD_S, Duration, Settings, check_expiry, check_name, to_seconds
 from ._engine import Engine
 from ._exceptions import ConfigurationError
@@ -86,7 +86,7 @@ class SingletonJobs:
             shutdown_timeout=shutdown_timeout,
         )
         self._client = redis
-        self._clock: Clock = clock or SystemClock()
+        self._clock: Clock = clock or SYSTEM_CLOCK
         self._specs: dict[str, JobSpec] = {}
         self._engine: Engine | None = None
 

@@ -6,8 +6,8 @@ them in a single round trip, also on Redis Cluster (they live in one hash slot).
 ======================================  ======  ============================================
 key                                     type    content
 ======================================  ======  ============================================
-``singletonjob:{<project>}:<job>:lock``   string  ``<fencing token>|<node id>``, with a TTL of
-                                                the job's lock expiry (the lease)
+``singletonjob:{<project>}:<job>:lock``   string  ``<fencing token>|<node id>#<nonce>``, with a
+                                                TTL of the job's lock expiry (the lease)
 ``singletonjob:{<project>}:<job>:fence``  string  the last fencing token granted; no TTL, so
                                                 tokens keep growing across terms
 ``singletonjob:{<project>}:released``     pubsub  a node publishes here when it releases locks

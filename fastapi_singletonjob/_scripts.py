@@ -2,8 +2,8 @@
 
 Both scripts are registered with redis-py's ``register_script``: they are sent by SHA1
 (``EVALSHA``) and re-sent in full when the server answers ``NOSCRIPT`` (after a restart or a
-``SCRIPT FLUSH``). A lock's value is ``<fencing token>|<node id>``; a node renews or deletes a
-lock only when the node id in it is its own.
+``SCRIPT FLUSH``). A lock's value is ``<fencing token>|<owner id>``; a node renews or deletes a
+lock only when the owner id in it is its own (node id plus a per-instance nonce).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ __all__ = ["ELECT", "RELEASE"]
 # Acquire or renew the leases of several jobs for one node, in one round trip.
 #
 # KEYS[2i-1] - lock key of job i       KEYS[2i] - fence key of job i
-# ARGV[1]    - node id of the caller   ARGV[1+i] - lease time of job i, in milliseconds
+# ARGV[1]    - owner id of the caller  ARGV[1+i] - lease time of job i, in milliseconds
 #
 # For each job, in order, returns three values:
 #   1 if the caller holds the lock after the call (acquired or renewed), else 0;
@@ -65,7 +65,7 @@ return out
 #
 # KEYS[i]   - lock key of job i
 # ARGV[1]   - pub/sub channel to announce the release on
-# ARGV[1+i] - the exact value "<token>|<node id>" the caller holds for job i
+# ARGV[1+i] - the exact value "<token>|<owner id>" the caller holds for job i
 #
 # Deletes a lock only while it still holds that exact value (same holder, same term), then
 # publishes the number of locks deleted when it is not zero. Returns that number.

@@ -35,7 +35,7 @@ class LeaseReply:
     held: bool
     """True when the calling node holds the lock now (acquired or renewed)."""
     value: str | None
-    """The lock's value, ``"<token>|<node id>"``, or None when nobody holds it."""
+    """The lock's value, ``"<token>|<owner id>"``, or None when nobody holds it."""
     ttl_s: float | None
     """Time the lock has left per the store, None when it has no expiry."""
 
@@ -46,12 +46,12 @@ class LeaseReply:
 
     @property
     def holder(self) -> str | None:
-        """The node id of the holder."""
+        """The owner id of the holder (``<node id>#<nonce>`` when written by this library)."""
         return parse_lock_value(self.value)[1]
 
 
 def parse_lock_value(value: str | None) -> tuple[int | None, str | None]:
-    """Split ``"<token>|<node id>"``; a value written by something else has no token."""
+    """Split ``"<token>|<owner id>"``; a value written by something else has no token."""
     if value is None:
         return None, None
     token, sep, holder = value.partition("|")

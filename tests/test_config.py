@@ -826,7 +826,6 @@ def test_defaults_of_a_registered_job() -> None:
 # -- public surface -------------------------------------------------------------------------------
 
 PUBLIC_NAMES = [
-    "BackendError",
     "ConfigurationError",
     "Cron",
     "DropReason",

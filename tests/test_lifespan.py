@@ -122,3 +122,39 @@ async def test_registering_after_startup_is_refused() -> None:
             @jobs.interval("late", every=1)
             async def late() -> None:
                 pass
+
+
+async def test_memory_instances_of_one_process_elect_one_leader_even_with_one_node_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    running = 0
+    peak = 0
+    instances = []
+    for _ in range(3):
+        jobs = SingletonJobs(
+            "memory://twins",
+            project="twins",
+            node_id="same-name",
+            heartbeat_interval=0.02,
+            lock_expiry=0.1,
+        )
+
+        @jobs.fixed_rate("tick", every=0.01)
+        async def tick() -> None:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.005)
+            running -= 1
+
+        instances.append(jobs)
+    async with contextlib.AsyncExitStack() as stack:
+        for jobs in instances:
+            await stack.enter_async_context(jobs)
+        await asyncio.sleep(0.3)
+        leaders = [
+            jobs for jobs in instances if jobs.engine and jobs.engine.elector.is_leader("tick")
+        ]
+        assert len(leaders) == 1
+    assert peak == 1
+    assert any("uses node id 'same-name' too" in r.getMessage() for r in caplog.records)
