@@ -5,6 +5,7 @@ from ._exceptions import ConfigurationError, SingletonJobError
 from ._jobs import SingletonJobs
 from ._schedule import Cron, FixedRate, Interval, Schedule
 from ._state import DropReason, Outcome
+from ._status import HealthStatus, JobReport, JobStatus, LastRun, NodeStatus, StoreStatus
 
 __version__ = "0.1.0"
 
@@ -13,11 +14,17 @@ __all__ = [
     "Cron",
     "DropReason",
     "FixedRate",
+    "HealthStatus",
     "Interval",
     "JobContext",
+    "JobReport",
+    "JobStatus",
+    "LastRun",
+    "NodeStatus",
     "Outcome",
     "Schedule",
     "SingletonJobError",
     "SingletonJobs",
+    "StoreStatus",
     "__version__",
 ]

@@ -88,6 +88,8 @@ class Lease:
     holder: str | None = None
     holder_token: int | None = None
     holder_ttl_s: float | None = None
+    observed_at: float | None = None
+    """Monotonic time of the request that last reported on this lock."""
     terms: int = 0
     wanted: bool = True
     """False once the job has stopped for good: its lease is no longer requested."""
@@ -148,6 +150,16 @@ class Elector:
         if lease.token is None:
             return 0.0
         return max(0.0, lease.deadline - self._clock.monotonic())
+
+    def holder_time_left(self, job: str) -> float | None:
+        """Seconds the current holder's lock of ``job`` has left, as last observed (an
+        underestimate), or None when unknown or without expiry."""
+        lease = self.leases[job]
+        if lease.token is not None:
+            return self.time_left(job)
+        if lease.holder_ttl_s is None or lease.observed_at is None:
+            return None
+        return max(0.0, lease.holder_ttl_s - (self._clock.monotonic() - lease.observed_at))
 
     def wake(self) -> None:
         """Run a round now (a lock was released somewhere)."""
@@ -220,6 +232,7 @@ class Elector:
 
     def _apply(self, lease: Lease, reply: LeaseReply, sent_at: float) -> None:
         lease.holder, lease.holder_token = node_of(reply.holder), reply.token
+        lease.observed_at = sent_at
         if not reply.held:
             if lease.holder == self.node_id and not self._warned_twin:
                 self._warned_twin = True

@@ -38,7 +38,12 @@ class Engine:
     """Election loop, one runner per enabled job, and their worker threads."""
 
     def __init__(
-        self, settings: Settings, specs: Sequence[JobSpec], store: LeaseStore, clock: Clock
+        self,
+        settings: Settings,
+        specs: Sequence[JobSpec],
+        store: LeaseStore,
+        clock: Clock,
+        app: object = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -69,10 +74,12 @@ class Engine:
                 elector=self.elector,
                 clock=clock,
                 executor=self._executor,
+                app=app,
             )
             for spec, lease in zip(enabled, leases, strict=True)
         }
         self._election: asyncio.Task[None] | None = None
+        self.started_at = clock.monotonic()
         self._loops: list[asyncio.Task[None]] = []
 
     @property
@@ -84,6 +91,7 @@ class Engine:
         """Start the election and the schedule loops; returns once they run, without
         waiting for the store (an unreachable Redis is retried in the background)."""
         ready = asyncio.Event()
+        self.started_at = self._clock.monotonic()
         self._election = asyncio.create_task(
             self.elector.run(ready), name=f"singletonjob {self.settings.node_id} election"
         )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal, get_type_hints
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from ._context import JobContext
+from ._dependencies import JobCall
 from ._exceptions import ConfigurationError
 from ._schedule import Schedule
 
@@ -32,6 +32,8 @@ class JobSpec:
     """Per-job lease time; None means the ``SingletonJobs`` setting."""
     misfire_grace_s: float | None = None
     """How late a run may still start after its instant; None: until the next instant."""
+    call: JobCall = field(init=False, repr=False, compare=False)
+    """How the function's parameters are resolved for a run."""
 
     def __post_init__(self) -> None:
         if not callable(self.func):
@@ -51,7 +53,8 @@ class JobSpec:
             raise ConfigurationError(
                 f"enabled={self.enabled!r} must be True or False", job=self.name, field="enabled"
             )
-        context_parameters(self)  # fails now, not at the first tick
+        # Resolve the parameters now, so that a bad one fails at registration, not at a tick.
+        object.__setattr__(self, "call", JobCall(self.name, self.func))
 
     @property
     def is_async(self) -> bool:
@@ -59,42 +62,3 @@ class JobSpec:
         return inspect.iscoroutinefunction(self.func) or inspect.iscoroutinefunction(
             getattr(self.func, "__call__", None)  # noqa: B004 - async callable objects
         )
-
-
-def context_parameters(spec: JobSpec) -> list[str]:
-    """Names of the parameters that receive the :class:`JobContext`; reject any other
-    parameter that has no default, since nothing could fill it at run time."""
-    try:
-        signature = inspect.signature(spec.func)
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(
-            f"cannot read the signature of {spec.func!r}: {exc}", job=spec.name, field="func"
-        ) from exc
-    try:
-        hints = get_type_hints(spec.func)
-    except Exception:  # an annotation imported only under TYPE_CHECKING: read the raw text
-        hints = {name: p.annotation for name, p in signature.parameters.items()}
-    names = []
-    for parameter in signature.parameters.values():
-        if hints.get(parameter.name) in (JobContext, "JobContext"):
-            names.append(parameter.name)
-        elif parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        elif parameter.default is parameter.empty:
-            raise ConfigurationError(
-                f"parameter {parameter.name!r} of {spec.func.__qualname__} cannot be resolved: "
-                "annotate it as JobContext, or give it a default value",
-                job=spec.name,
-                field=parameter.name,
-            )
-    return names
-
-
-def bind_call(spec: JobSpec) -> Callable[[JobContext], tuple[tuple[Any, ...], dict[str, Any]]]:
-    """Return a function that builds the call arguments of ``spec.func`` for one run."""
-    names = context_parameters(spec)
-
-    def arguments(ctx: JobContext) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (), dict.fromkeys(names, ctx)
-
-    return arguments

@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+from fastapi import APIRouter
 from redis.asyncio import Redis
 
 from ._clock import SYSTEM_CLOCK, Clock
-from ._config import MIN_PERIOD_S, Duration, Settings, check_expiry, check_name, to_seconds
+from ._config import (
+    MIN_PERIOD_S,
+    Duration,
+    Settings,
+    check_expiry,
+    check_name,
+    redact_url,
+    to_seconds,
+)
 from ._engine import Engine
 from ._exceptions import ConfigurationError
 from ._job import JobSpec, LeadershipLostPolicy, ScheduleKind
 from ._redis_store import RedisLeaseStore
+from ._router import create_router
 from ._schedule import Cron, FixedRate, Interval, Schedule
+from ._status import NodeStatus, node_status
 from ._store import LeaseStore, MemoryLeaseStore
 
 __all__ = ["SingletonJobs"]
@@ -104,6 +116,33 @@ class SingletonJobs:
     def jobs(self) -> dict[str, JobSpec]:
         """The registered jobs by name (a copy)."""
         return dict(self._specs)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock the library runs on."""
+        return self._clock
+
+    @property
+    def store_description(self) -> str:
+        """Where the leases are kept, without credentials."""
+        if self._client is not None:
+            return "<redis client passed in>"
+        return redact_url(self.settings.redis_url or "")
+
+    @functools.cached_property
+    def router(self) -> APIRouter:
+        """The status API and health probes: ``app.include_router(jobs.router, prefix=...)``.
+
+        ``GET /jobs``, ``GET /jobs/{name}``, ``GET /health`` (readiness) and
+        ``GET /health/live`` (liveness); see :mod:`fastapi_singletonjob._router`.
+        """
+        return create_router(self)
+
+    def status(self, job: str | None = None) -> NodeStatus:
+        """A snapshot of this node and its jobs (or only ``job``), as the router serves it."""
+        if job is not None and job not in self._specs:
+            raise KeyError(f"no job named {job!r}")
+        return node_status(self, only=job)
 
     @property
     def engine(self) -> Engine | None:
@@ -306,12 +345,16 @@ class SingletonJobs:
             self.project, url=url, connect_timeout_s=self.settings.heartbeat_interval_s
         )
 
-    async def start(self) -> None:
-        """Start electing and running the jobs; returns at once (also when Redis is down)."""
+    async def start(self, app: object = None) -> None:
+        """Start electing and running the jobs; returns at once (also when Redis is down).
+
+        :param app: the application whose ``dependency_overrides`` apply to job parameters
+            (the lifespan passes it).
+        """
         if self._engine is not None:
             raise RuntimeError(f"SingletonJobs {self.project!r} is already started")
         store = self._open_store()
-        engine = Engine(self.settings, list(self._specs.values()), store, self._clock)
+        engine = Engine(self.settings, list(self._specs.values()), store, self._clock, app)
         try:
             await engine.start()
         except BaseException:
@@ -343,7 +386,7 @@ class SingletonJobs:
     async def lifespan(self, app: object = None) -> AsyncIterator[None]:
         """An ASGI lifespan: ``FastAPI(lifespan=jobs.lifespan)``, or nested in your own with
         ``async with jobs.lifespan(app): yield``. Installs no signal handlers."""
-        await self.start()
+        await self.start(app)
         try:
             yield
         finally:

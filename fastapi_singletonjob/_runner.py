@@ -15,7 +15,6 @@ import contextlib
 import contextvars
 import functools
 import logging
-from collections.abc import Callable
 from concurrent.futures import Executor
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 from ._clock import Clock
 from ._context import JobContext
 from ._election import Elector, Lease
-from ._job import JobSpec, bind_call
+from ._job import JobSpec
 from ._schedule import FixedRate, Interval
 from ._state import DropReason, JobStats, Outcome, RunRecord
 
@@ -46,8 +45,7 @@ class JobRunner:
         elector: Elector,
         clock: Clock,
         executor: Executor | None,
-        call_arguments: Callable[[JobContext], tuple[tuple[Any, ...], dict[str, Any]]]
-        | None = None,
+        app: object = None,
     ) -> None:
         self.spec = spec
         self.stats = JobStats()
@@ -55,7 +53,7 @@ class JobRunner:
         self._elector = elector
         self._clock = clock
         self._executor = executor
-        self._arguments = call_arguments or bind_call(spec)
+        self._app = app
         self._iteration = 0
         self.current: asyncio.Task[None] | None = None
         """The run in flight, if any."""
@@ -268,15 +266,19 @@ class JobRunner:
             )
 
     async def _invoke(self, ctx: JobContext) -> None:
-        args, kwargs = self._arguments(ctx)
-        # Last check, with no suspension point between it and the job's first instruction.
-        if not ctx.is_leader:
-            raise _NotStarted
-        if self.spec.is_async:
-            await self.spec.func(*args, **kwargs)
-            return
+        async with contextlib.AsyncExitStack() as stack:  # closes `yield` dependencies
+            kwargs = await self.spec.call.arguments(ctx, self._app, stack)
+            # Last check, with no suspension point between it and the job's first instruction.
+            if not ctx.is_leader:
+                raise _NotStarted
+            if self.spec.is_async:
+                await self.spec.func(**kwargs)
+            else:
+                await self._in_thread(ctx, kwargs)
+
+    async def _in_thread(self, ctx: JobContext, kwargs: dict[str, Any]) -> None:
         loop = asyncio.get_running_loop()
-        call = functools.partial(contextvars.copy_context().run, self.spec.func, *args, **kwargs)
+        call = functools.partial(contextvars.copy_context().run, self.spec.func, **kwargs)
         thread = loop.run_in_executor(self._executor, call)
         try:
             await asyncio.shield(thread)

@@ -830,12 +830,18 @@ PUBLIC_NAMES = [
     "Cron",
     "DropReason",
     "FixedRate",
+    "HealthStatus",
     "Interval",
     "JobContext",
+    "JobReport",
+    "JobStatus",
+    "LastRun",
+    "NodeStatus",
     "Outcome",
     "Schedule",
     "SingletonJobError",
     "SingletonJobs",
+    "StoreStatus",
     "__version__",
 ]
 

@@ -1,0 +1,87 @@
+"""``jobs.router``: the status API and the health probes, as a FastAPI ``APIRouter``.
+
+Mount it under any prefix, and attach the application's own dependencies (authentication)
+where it is included::
+
+    app.include_router(jobs.router, prefix="/singletonjob", dependencies=[Depends(auth)])
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, HTTPException, Response, status
+
+from ._status import HealthStatus, JobReport, NodeStatus, liveness, node_status, readiness
+
+if TYPE_CHECKING:
+    from ._jobs import SingletonJobs
+
+__all__ = ["create_router"]
+
+_UNAVAILABLE: dict[int | str, dict[str, Any]] = {
+    status.HTTP_503_SERVICE_UNAVAILABLE: {"model": HealthStatus, "description": "Not healthy"}
+}
+
+
+def create_router(jobs: SingletonJobs) -> APIRouter:
+    """Build the status router of ``jobs``."""
+    router = APIRouter(tags=["singletonjob"])
+
+    @router.get("/jobs", response_model=NodeStatus, summary="This node and all its jobs")
+    def list_jobs() -> NodeStatus:
+        """The node, whether Redis answers, and for each job: schedule, leader, lease, runs."""
+        return node_status(jobs)
+
+    @router.get(
+        "/jobs/{name}",
+        response_model=JobReport,
+        summary="One job",
+        responses={status.HTTP_404_NOT_FOUND: {"description": "No job of that name"}},
+    )
+    def get_job(name: str) -> JobReport:
+        """The node, whether Redis answers, and one job."""
+        if name not in jobs.jobs:
+            known = ", ".join(sorted(jobs.jobs)) or "none"
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, f"no job named {name!r}; known jobs: {known}"
+            )
+        snapshot = node_status(jobs, only=name)
+        return JobReport(
+            project=snapshot.project,
+            node_id=snapshot.node_id,
+            started=snapshot.started,
+            store=snapshot.store,
+            job=snapshot.jobs[0],
+        )
+
+    @router.get(
+        "/health",
+        response_model=HealthStatus,
+        summary="Readiness probe",
+        responses=_UNAVAILABLE,
+    )
+    def ready(response: Response) -> HealthStatus:
+        """200 when the election loop runs and reached Redis within one lock expiry, else
+        503 with the reason. Followers are ready too."""
+        return _probe(response, readiness(jobs), jobs.node_id)
+
+    @router.get(
+        "/health/live",
+        response_model=HealthStatus,
+        summary="Liveness probe",
+        responses=_UNAVAILABLE,
+    )
+    def live(response: Response) -> HealthStatus:
+        """503 only when a loop of the library is dead or wedged (restarting would help);
+        an unreachable Redis does not fail it."""
+        return _probe(response, liveness(jobs), jobs.node_id)
+
+    return router
+
+
+def _probe(response: Response, reason: str | None, node_id: str) -> HealthStatus:
+    if reason is None:
+        return HealthStatus(status="ok", node_id=node_id)
+    response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    return HealthStatus(status="unavailable", reason=reason, node_id=node_id)
