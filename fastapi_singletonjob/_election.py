@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ._clock import Clock
 from ._store import LeaseReply, LeaseRequest, LeaseStore
+from ._telemetry import Telemetry
 
 __all__ = ["Elector", "Lease", "lease_deadline", "next_attempt_delay", "node_of"]
 
@@ -112,6 +113,7 @@ class Elector:
         max_backoff_s: float,
         clock: Clock,
         rng: Callable[[], float] = random.random,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._store = store
         self.node_id = node_id
@@ -125,6 +127,8 @@ class Elector:
         self._clock = clock
         self._rng = rng
         self._wake = asyncio.Event()
+        self._telemetry = telemetry or Telemetry(node_id)
+        self._notice_at: float | None = None
         self.failures = 0
         self.last_error: str | None = None
         self.last_success_at: float | None = None
@@ -163,6 +167,7 @@ class Elector:
 
     def wake(self) -> None:
         """Run a round now (a lock was released somewhere)."""
+        self._notice_at = self._clock.monotonic()
         self._wake.set()
 
     # -- the loop -------------------------------------------------------------------------
@@ -198,8 +203,10 @@ class Elector:
             else:
                 replies = []
         except Exception as exc:  # any failure of the store is retried with backoff
+            self._telemetry.election_round(self._clock.monotonic() - sent_at, exc)
             self._on_failure(exc)
         else:
+            self._telemetry.election_round(self._clock.monotonic() - sent_at, None)
             self._on_success(sent_at, replies)
         finally:
             self.last_round_at = self._clock.monotonic()
@@ -231,6 +238,7 @@ class Elector:
             self._apply(self.leases[reply.job], reply, sent_at)
 
     def _apply(self, lease: Lease, reply: LeaseReply, sent_at: float) -> None:
+        previous = (lease.observed_at, lease.holder_ttl_s)
         lease.holder, lease.holder_token = node_of(reply.holder), reply.token
         lease.observed_at = sent_at
         if not reply.held:
@@ -261,6 +269,22 @@ class Elector:
             logger.info(
                 "node %s became leader of job %r (fencing token %d)", self.node_id, lease.job, token
             )
+            self._telemetry.change(lease.job, "acquired")
+            gap = self._leaderless(lease, sent_at, *previous)
+            if gap is not None:
+                self._telemetry.leaderless_for(lease.job, gap)
+
+    def _leaderless(
+        self, lease: Lease, acquired_at: float, observed_at: float | None, ttl_s: float | None
+    ) -> float | None:
+        """Estimate how long the job had no live leader before this node acquired it: since
+        the release notice, or since the previous holder's last renewal (its lock's expiry,
+        as last observed, less the lease time). None without an earlier observation."""
+        if observed_at is None or ttl_s is None:
+            return None
+        if self._notice_at is not None and observed_at <= self._notice_at <= acquired_at:
+            return acquired_at - self._notice_at
+        return max(0.0, acquired_at - (observed_at + ttl_s - lease.ttl_s))
 
     def _on_failure(self, exc: BaseException) -> None:
         self.failures += 1
@@ -280,6 +304,7 @@ class Elector:
                 self._end_term(lease, "its lease ran out before it could be renewed")
 
     def _end_term(self, lease: Lease, why: str) -> None:
+        self._telemetry.change(lease.job, "lost")
         logger.warning(
             "node %s lost leadership of job %r (fencing token %s): %s",
             self.node_id,
@@ -370,6 +395,7 @@ class Elector:
                     lease.deadline = float("-inf")
                     lease.leading.clear()
                     lease.lost.set()
+                    self._telemetry.change(lease.job, "released")
                 values[lease.job] = lease.value
         if not values:
             return 0

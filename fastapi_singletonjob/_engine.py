@@ -25,6 +25,7 @@ from ._election import Elector, Lease
 from ._job import JobSpec
 from ._runner import JobRunner
 from ._store import LeaseStore
+from ._telemetry import Telemetry
 
 __all__ = ["Engine"]
 
@@ -44,11 +45,13 @@ class Engine:
         store: LeaseStore,
         clock: Clock,
         app: object = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self._clock = clock
         enabled = [spec for spec in specs if spec.enabled]
+        self.telemetry = telemetry or Telemetry(settings.node_id)
         leases = [
             Lease(spec.name, spec.lock_expiry_s or settings.lock_expiry_s) for spec in enabled
         ]
@@ -59,6 +62,7 @@ class Engine:
             heartbeat_s=settings.heartbeat_interval_s,
             max_backoff_s=settings.max_backoff_s,
             clock=clock,
+            telemetry=self.telemetry,
         )
         sync_jobs = sum(1 for spec in enabled if not spec.is_async)
         # One thread per sync job: a job never has two runs at once, so none ever queues.
@@ -75,6 +79,7 @@ class Engine:
                 clock=clock,
                 executor=self._executor,
                 app=app,
+                telemetry=self.telemetry,
             )
             for spec, lease in zip(enabled, leases, strict=True)
         }
@@ -90,6 +95,10 @@ class Engine:
     async def start(self) -> None:
         """Start the election and the schedule loops; returns once they run, without
         waiting for the store (an unreachable Redis is retried in the background)."""
+        elector = self.elector
+        self.telemetry.register(
+            list(self.runners), lambda: [(job, elector.is_leader(job)) for job in self.runners]
+        )
         ready = asyncio.Event()
         self.started_at = self._clock.monotonic()
         self._election = asyncio.create_task(

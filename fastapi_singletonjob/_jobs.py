@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 from redis.asyncio import Redis
 
 from ._clock import SYSTEM_CLOCK, Clock
@@ -29,6 +31,7 @@ from ._router import create_router
 from ._schedule import Cron, FixedRate, Interval, Schedule
 from ._status import NodeStatus, node_status
 from ._store import LeaseStore, MemoryLeaseStore
+from ._telemetry import Telemetry
 
 __all__ = ["SingletonJobs"]
 
@@ -62,6 +65,8 @@ class SingletonJobs:
         them (10 s).
     :param clock: a :class:`~fastapi_singletonjob.testing.FakeClock` in tests; default the
         system clock.
+    :param tracer_provider: OpenTelemetry tracer provider; default the global one.
+    :param meter_provider: OpenTelemetry meter provider; default the global one.
     """
 
     def __init__(
@@ -76,6 +81,8 @@ class SingletonJobs:
         max_backoff: Duration | None = None,
         shutdown_timeout: Duration | None = None,
         clock: Clock | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         if redis_url is not None and redis is not None:
             raise ConfigurationError(
@@ -101,6 +108,9 @@ class SingletonJobs:
         self._clock: Clock = clock or SYSTEM_CLOCK
         self._specs: dict[str, JobSpec] = {}
         self._engine: Engine | None = None
+        self._telemetry = Telemetry(
+            self.settings.node_id, tracer_provider=tracer_provider, meter_provider=meter_provider
+        )
 
     @property
     def node_id(self) -> str:
@@ -354,7 +364,9 @@ class SingletonJobs:
         if self._engine is not None:
             raise RuntimeError(f"SingletonJobs {self.project!r} is already started")
         store = self._open_store()
-        engine = Engine(self.settings, list(self._specs.values()), store, self._clock, app)
+        engine = Engine(
+            self.settings, list(self._specs.values()), store, self._clock, app, self._telemetry
+        )
         try:
             await engine.start()
         except BaseException:

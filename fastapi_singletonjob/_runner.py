@@ -25,6 +25,7 @@ from ._election import Elector, Lease
 from ._job import JobSpec
 from ._schedule import FixedRate, Interval
 from ._state import DropReason, JobStats, Outcome, RunRecord
+from ._telemetry import NOT_LEADER, Telemetry
 
 __all__ = ["JobRunner"]
 
@@ -46,6 +47,7 @@ class JobRunner:
         clock: Clock,
         executor: Executor | None,
         app: object = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.spec = spec
         self.stats = JobStats()
@@ -54,6 +56,8 @@ class JobRunner:
         self._clock = clock
         self._executor = executor
         self._app = app
+        self._telemetry = telemetry or Telemetry(elector.node_id)
+        self._warned: set[str] = set()
         self._iteration = 0
         self.current: asyncio.Task[None] | None = None
         """The run in flight, if any."""
@@ -141,6 +145,7 @@ class JobRunner:
 
     def _drop(self, reason: DropReason, count: int = 1) -> None:
         self.stats.dropped[reason] += count
+        self._telemetry.drop(self.spec.name, reason.value, count)
         logger.debug(
             "job %r dropped %d tick(s) on node %s: %s", self.spec.name, count, self._node, reason
         )
@@ -156,6 +161,7 @@ class JobRunner:
         token = self._lease.token
         if token is None or not self._elector.is_leader(self.spec.name, token):
             self.stats.not_leader += 1
+            self._telemetry.drop(self.spec.name, NOT_LEADER)
             return None
         if self.current is not None:
             self._drop(DropReason.OVERLAP)
@@ -178,26 +184,35 @@ class JobRunner:
         return self.current
 
     async def _supervise(self, ctx: JobContext) -> None:
-        outcome, error, started = Outcome.CANCELLED, None, self._clock.monotonic()
-        ran = True
-        try:
-            outcome, error = await self._watch(ctx)
-        except _NotStarted:
-            ran = False
-            self._drop(DropReason.LEASE_EXPIRED)
-        finally:
-            self.current = None
-            self.stats.running_since = None
-            if ran:
-                self._record(ctx, outcome, error, self._clock.monotonic() - started)
+        outcome: Outcome = Outcome.CANCELLED
+        error: BaseException | None = None
+        started = self._clock.monotonic()
+        lateness_s = (ctx.started_at - ctx.scheduled_at).total_seconds()
+        with self._telemetry.run_span(ctx, lateness_s) as span:
+            ran = True
+            try:
+                outcome, error = await self._watch(ctx)
+            except _NotStarted:
+                ran = False
+                span.set_attribute("singletonjob.outcome", DropReason.LEASE_EXPIRED.value)
+                self._drop(DropReason.LEASE_EXPIRED)
+            finally:
+                self.current = None
+                self.stats.running_since = None
+                if ran:
+                    duration_s = self._clock.monotonic() - started
+                    self._telemetry.run_finished(span, ctx.job, outcome, duration_s, error)
+                    self._record(ctx, outcome, error, duration_s)
 
     def _record(
-        self, ctx: JobContext, outcome: Outcome, error: str | None, duration_s: float
+        self, ctx: JobContext, outcome: Outcome, error: BaseException | None, duration_s: float
     ) -> None:
         finished_at = ctx.started_at + timedelta(seconds=duration_s)
+        summary = None if error is None else _summary(error)
         self.stats.record(
-            RunRecord(ctx.scheduled_at, ctx.started_at, finished_at, duration_s, outcome, error)
+            RunRecord(ctx.scheduled_at, ctx.started_at, finished_at, duration_s, outcome, summary)
         )
+        self._warn_if_long(duration_s)
         logger.debug(
             "job %r run #%d on node %s: %s in %.3fs",
             ctx.job,
@@ -207,7 +222,36 @@ class JobRunner:
             duration_s,
         )
 
-    async def _watch(self, ctx: JobContext) -> tuple[Outcome, str | None]:
+    def _warn_if_long(self, duration_s: float) -> None:
+        # Once per job and kind: a warning per tick would flood the log of a slow job.
+        period_s = getattr(self.spec.schedule, "every_s", None)
+        if period_s is not None and duration_s >= 0.8 * period_s and "period" not in self._warned:
+            self._warned.add("period")
+            fix = (
+                "ticks that come meanwhile are dropped; lengthen `every` or shorten the run"
+                if self.spec.kind == "fixed_rate"
+                else "the job runs less often than `every` suggests; shorten the run"
+            )
+            logger.warning(
+                "job %r: a run took %.3fs, %d%% of its period every=%gs: %s",
+                self.spec.name,
+                duration_s,
+                round(100 * duration_s / period_s),
+                period_s,
+                fix,
+            )
+        if duration_s >= 0.8 * self._lease.ttl_s and "expiry" not in self._warned:
+            self._warned.add("expiry")
+            logger.warning(
+                "job %r: a run took %.3fs, close to or past lock_expiry=%gs; if renewals fail "
+                "during such a run, another node may start the job before it ends: raise "
+                "lock_expiry, or use on_leadership_lost='cancel' and the fencing token",
+                self.spec.name,
+                duration_s,
+                self._lease.ttl_s,
+            )
+
+    async def _watch(self, ctx: JobContext) -> tuple[Outcome, BaseException | None]:
         """Run the job, cancelling it at its timeout or, if so configured, when the lease
         ends; return how it ended."""
         run = asyncio.ensure_future(self._invoke(ctx))
@@ -238,7 +282,7 @@ class JobRunner:
                 logger.exception(
                     "job %r run #%d failed on node %s", ctx.job, ctx.iteration, ctx.node_id
                 )
-                return Outcome.FAILED, _summary(exc)
+                return Outcome.FAILED, exc
             return Outcome.SUCCESS, None
         finally:
             for watcher in watchers:

@@ -1,0 +1,196 @@
+"""OpenTelemetry traces and metrics, through the API package only.
+
+The application chooses the SDK and exporters; without one, every call here is a no-op of the
+OpenTelemetry API (measured in the benchmarks). Metric attributes are bounded: the job name,
+and an outcome, drop reason or change kind from a fixed set. The node is identified by the
+application's OpenTelemetry resource (``service.instance.id``), and on spans.
+
+=========================================  =========  =======  ==============================
+instrument                                 kind       unit     attributes
+=========================================  =========  =======  ==============================
+``singletonjob.runs``                      counter    {run}    job, outcome
+``singletonjob.run.duration``              histogram  s        job, outcome
+``singletonjob.tick.lateness``             histogram  s        job
+``singletonjob.ticks.dropped``             counter    {tick}   job, reason
+``singletonjob.leader``                    gauge      1        job
+``singletonjob.leadership.changes``        counter    {change} job, change
+``singletonjob.leaderless.duration``       histogram  s        job
+``singletonjob.election.duration``         histogram  s        (none)
+``singletonjob.election.failures``         counter    {round}  error
+=========================================  =========  =======  ==============================
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from ._state import DropReason, Outcome
+
+if TYPE_CHECKING:
+    from ._context import JobContext
+
+__all__ = ["NOT_LEADER", "Telemetry"]
+
+INSTRUMENTATION = "fastapi_singletonjob"
+
+ATTR_JOB = "singletonjob.job"
+ATTR_NODE = "singletonjob.node_id"
+ATTR_TOKEN = "singletonjob.fencing_token"
+ATTR_SCHEDULED = "singletonjob.scheduled_at"
+ATTR_LATENESS = "singletonjob.lateness_s"
+ATTR_ITERATION = "singletonjob.iteration"
+ATTR_OUTCOME = "singletonjob.outcome"
+ATTR_REASON = "singletonjob.reason"
+ATTR_CHANGE = "singletonjob.change"
+ATTR_ERROR = "error.type"
+
+SPAN_RUN = "singletonjob.run"
+NOT_LEADER = "not_leader"
+"""Drop reason of a tick that came while another node led the job."""
+CHANGES = ("acquired", "lost", "released")
+
+
+class Telemetry:
+    """The instruments of one ``SingletonJobs``; providers default to the global ones."""
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        from . import __version__
+
+        self._node_id = node_id
+        self._tracer = trace.get_tracer(INSTRUMENTATION, __version__, tracer_provider)
+        meter = metrics.get_meter(INSTRUMENTATION, __version__, meter_provider)
+        self.runs = meter.create_counter(
+            "singletonjob.runs", unit="{run}", description="Runs finished, by outcome."
+        )
+        self.run_duration = meter.create_histogram(
+            "singletonjob.run.duration", unit="s", description="How long runs took."
+        )
+        self.lateness = meter.create_histogram(
+            "singletonjob.tick.lateness",
+            unit="s",
+            description="Start of a run minus the instant it was scheduled for.",
+        )
+        self.dropped = meter.create_counter(
+            "singletonjob.ticks.dropped",
+            unit="{tick}",
+            description="Ticks that started no run, by reason.",
+        )
+        self.changes = meter.create_counter(
+            "singletonjob.leadership.changes",
+            unit="{change}",
+            description="Leadership terms this node acquired, lost or released.",
+        )
+        self.leaderless = meter.create_histogram(
+            "singletonjob.leaderless.duration",
+            unit="s",
+            description="Time a job had no live leader before this node took it over "
+            "(estimated by the new leader).",
+        )
+        self.election_duration = meter.create_histogram(
+            "singletonjob.election.duration",
+            unit="s",
+            description="Round-trip time of one election round (all jobs of the node).",
+        )
+        self.election_failures = meter.create_counter(
+            "singletonjob.election.failures",
+            unit="{round}",
+            description="Election rounds that failed, by error type.",
+        )
+        self._leading: Callable[[], Iterable[tuple[str, bool]]] = lambda: ()
+        meter.create_observable_gauge(
+            "singletonjob.leader",
+            callbacks=[self._observe_leaders],
+            unit="1",
+            description="1 while this node leads the job, else 0.",
+        )
+
+    def register(
+        self, jobs: Sequence[str], leading: Callable[[], Iterable[tuple[str, bool]]]
+    ) -> None:
+        """Start every per-job series at zero, so that dashboards show zeros, not gaps."""
+        self._leading = leading
+        for job in jobs:
+            for outcome in Outcome:
+                self.runs.add(0, {ATTR_JOB: job, ATTR_OUTCOME: outcome.value})
+            for reason in (*(r.value for r in DropReason), NOT_LEADER):
+                self.dropped.add(0, {ATTR_JOB: job, ATTR_REASON: reason})
+            for change in CHANGES:
+                self.changes.add(0, {ATTR_JOB: job, ATTR_CHANGE: change})
+
+    def _observe_leaders(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(int(leads), {ATTR_JOB: job}) for job, leads in self._leading()]
+
+    # -- runs -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def run_span(self, ctx: JobContext, lateness_s: float) -> Iterator[Span]:
+        """The span of one run, current while the job's code runs (its spans nest under it)."""
+        attributes: dict[str, Any] = {
+            ATTR_JOB: ctx.job,
+            ATTR_NODE: ctx.node_id,
+            ATTR_TOKEN: ctx.fencing_token,
+            ATTR_SCHEDULED: _iso(ctx.scheduled_at),
+            ATTR_LATENESS: lateness_s,
+            ATTR_ITERATION: ctx.iteration,
+        }
+        self.lateness.record(max(lateness_s, 0.0), {ATTR_JOB: ctx.job})
+        with self._tracer.start_as_current_span(
+            SPAN_RUN,
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            yield span
+
+    def run_finished(
+        self, span: Span, job: str, outcome: Outcome, duration_s: float, error: BaseException | None
+    ) -> None:
+        """Count a finished run and close its span's story."""
+        attributes = {ATTR_JOB: job, ATTR_OUTCOME: outcome.value}
+        self.runs.add(1, attributes)
+        self.run_duration.record(duration_s, attributes)
+        span.set_attribute(ATTR_OUTCOME, outcome.value)
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        elif outcome is not Outcome.SUCCESS:
+            span.set_status(Status(StatusCode.ERROR, outcome.value))
+
+    def drop(self, job: str, reason: str, count: int = 1) -> None:
+        """Count ticks that started no run."""
+        self.dropped.add(count, {ATTR_JOB: job, ATTR_REASON: reason})
+
+    # -- election ---------------------------------------------------------------------------
+
+    def change(self, job: str, change: str) -> None:
+        """Count a leadership change of this node: acquired, lost or released."""
+        self.changes.add(1, {ATTR_JOB: job, ATTR_CHANGE: change})
+
+    def leaderless_for(self, job: str, seconds: float) -> None:
+        """Record how long ``job`` had no live leader before this node acquired it."""
+        self.leaderless.record(max(seconds, 0.0), {ATTR_JOB: job})
+
+    def election_round(self, seconds: float, error: BaseException | None) -> None:
+        """Record one election round."""
+        if error is None:
+            self.election_duration.record(seconds)
+        else:
+            self.election_failures.add(1, {ATTR_ERROR: type(error).__name__})
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat()
