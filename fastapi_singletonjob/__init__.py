@@ -1,6 +1,7 @@
 """Run a periodic job on exactly one replica of a FastAPI service, elected through Redis."""
 
 from ._context import JobContext
+from ._dependencies import job_context
 from ._exceptions import ConfigurationError, SingletonJobError
 from ._jobs import SingletonJobs
 from ._schedule import Cron, FixedRate, Interval, Schedule
@@ -27,4 +28,5 @@ __all__ = [
     "SingletonJobs",
     "StoreStatus",
     "__version__",
+    "job_context",
 ]

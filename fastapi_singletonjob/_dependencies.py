@@ -30,7 +30,7 @@ from starlette.requests import Request
 from ._context import JobContext
 from ._exceptions import ConfigurationError
 
-__all__ = ["JobCall"]
+__all__ = ["JobCall", "job_context"]
 
 _CURRENT: contextvars.ContextVar[JobContext] = contextvars.ContextVar("singletonjob_context")
 
@@ -51,9 +51,14 @@ _REQUEST_OBJECTS = {
 }
 
 
-def current_context() -> JobContext:
-    """The dependency that gives a job its :class:`JobContext`."""
-    return _CURRENT.get()
+def job_context() -> JobContext:
+    """A dependency that gives the current run's :class:`JobContext`, for use inside your
+    own dependencies: ``ctx: Annotated[JobContext, Depends(job_context)]``. (A job function
+    itself just annotates a parameter ``JobContext``.)"""
+    try:
+        return _CURRENT.get()
+    except LookupError:
+        raise RuntimeError("job_context is only available while a job runs") from None
 
 
 class JobCall:
@@ -67,13 +72,15 @@ class JobCall:
             self._dependant = get_dependant(path="", call=self._shim)
         except Exception as exc:  # FastAPI rejects the signature itself
             raise ConfigurationError(
-                f"the parameters of {_name(func)} cannot be resolved: {exc}",
+                f"the parameters of {_name(func)} or of its dependencies cannot be resolved: "
+                f"{exc}; a dependency that needs the run's context declares "
+                "`ctx: Annotated[JobContext, Depends(job_context)]`",
                 job=job,
                 field="func",
             ) from exc
         _reject_request_parameters(job, func, self._dependant)
         self._context_only = [
-            dep.name for dep in self._dependant.dependencies if dep.call is current_context
+            dep.name for dep in self._dependant.dependencies if dep.call is job_context
         ]
         # No dependency but the context: skip FastAPI's machinery on the tick path.
         self.trivial = len(self._context_only) == len(self._dependant.dependencies) and not any(
@@ -153,7 +160,7 @@ def _shim(job: str, func: Callable[..., Any]) -> Callable[..., Any]:
             )
         annotation = hints.get(parameter.name, parameter.annotation)
         if annotation is JobContext or annotation == "JobContext":
-            annotation = Annotated[JobContext, Depends(current_context)]
+            annotation = Annotated[JobContext, Depends(job_context)]
             parameter = parameter.replace(default=inspect.Parameter.empty)
         parameters.append(parameter.replace(annotation=annotation))
 

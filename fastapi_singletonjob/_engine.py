@@ -114,6 +114,15 @@ class Engine:
             for name, runner in self.runners.items()
         ]
 
+    async def abort(self) -> None:
+        """Cancel whatever still runs (schedule loops, runs, election), bounded in time: the
+        last resort when :meth:`stop` failed or was cancelled, so that nothing keeps renewing
+        leases or starting runs behind the application's back."""
+        runs = [runner.current for runner in self.runners.values()]
+        await _abort_tasks([*self._loops, *runs, self._election])
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
     async def stop(self) -> None:
         """Shut down in the order described in the module docstring; never raises for a
         job's misbehaviour."""
@@ -145,6 +154,14 @@ class Engine:
         await self.elector.release([name for name in self.runners if name not in stuck])
         if self._executor is not None:
             self._executor.shutdown(wait=False)
+
+
+async def _abort_tasks(tasks: Sequence[asyncio.Task[None] | None]) -> None:
+    pending = [task for task in tasks if task is not None and not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=CANCEL_GRACE_S)
 
 
 async def _wait(

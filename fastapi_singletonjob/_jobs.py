@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -390,6 +391,10 @@ class SingletonJobs:
             return
         try:
             await engine.stop()
+        except BaseException:
+            # stop() failed or was cancelled midway: make sure nothing keeps running.
+            await asyncio.shield(engine.abort())
+            raise
         finally:
             await engine.store.aclose()
             logger.info("singletonjob node %s stopped", self.node_id)

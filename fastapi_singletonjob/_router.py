@@ -25,11 +25,15 @@ _UNAVAILABLE: dict[int | str, dict[str, Any]] = {
 
 
 def create_router(jobs: SingletonJobs) -> APIRouter:
-    """Build the status router of ``jobs``."""
+    """Build the status router of ``jobs``.
+
+    The handlers are ``async def`` on purpose: they run on the event loop, between its steps,
+    so a snapshot never mixes state from before and after a leadership change.
+    """
     router = APIRouter(tags=["singletonjob"])
 
     @router.get("/jobs", response_model=NodeStatus, summary="This node and all its jobs")
-    def list_jobs() -> NodeStatus:
+    async def list_jobs() -> NodeStatus:
         """The node, whether Redis answers, and for each job: schedule, leader, lease, runs."""
         return node_status(jobs)
 
@@ -39,7 +43,7 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
         summary="One job",
         responses={status.HTTP_404_NOT_FOUND: {"description": "No job of that name"}},
     )
-    def get_job(name: str) -> JobReport:
+    async def get_job(name: str) -> JobReport:
         """The node, whether Redis answers, and one job."""
         if name not in jobs.jobs:
             known = ", ".join(sorted(jobs.jobs)) or "none"
@@ -61,7 +65,7 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
         summary="Readiness probe",
         responses=_UNAVAILABLE,
     )
-    def ready(response: Response) -> HealthStatus:
+    async def ready(response: Response) -> HealthStatus:
         """200 when the election loop runs and reached Redis within one lock expiry, else
         503 with the reason. Followers are ready too."""
         return _probe(response, readiness(jobs), jobs.node_id)
@@ -72,7 +76,7 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
         summary="Liveness probe",
         responses=_UNAVAILABLE,
     )
-    def live(response: Response) -> HealthStatus:
+    async def live(response: Response) -> HealthStatus:
         """503 only when a loop of the library is dead or wedged (restarting would help);
         an unreachable Redis does not fail it."""
         return _probe(response, liveness(jobs), jobs.node_id)

@@ -96,7 +96,7 @@ class JobRunner:
         while True:
             await self._lease.leading.wait()
             scheduled_at = self._clock.now()
-            self.stats.next_run = scheduled_at
+            self.stats.next_run = None  # known once this run has ended
             run = self.start(scheduled_at)
             if run is not None:
                 await asyncio.wait({run})  # not cancelled with this loop: drained at shutdown

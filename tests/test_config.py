@@ -843,6 +843,7 @@ PUBLIC_NAMES = [
     "SingletonJobs",
     "StoreStatus",
     "__version__",
+    "job_context",
 ]
 
 
