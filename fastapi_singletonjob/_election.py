@@ -165,6 +165,23 @@ class Elector:
             return None
         return max(0.0, lease.holder_ttl_s - (self._clock.monotonic() - lease.observed_at))
 
+    async def claim(self, job: str, token: int, instant_us: int) -> int | None:
+        """Claim ``job``'s instant for this node's term ``token`` (see ``LeaseStore.claim``);
+        None when the store did not answer within the time left on the lease."""
+        lease = self.leases[job]
+        left = lease.deadline - self._clock.monotonic()
+        if lease.token != token or lease.value is None or left <= 0:
+            return -1
+        try:
+            return await asyncio.wait_for(
+                self._store.claim(job, lease.value, instant_us), min(left, self._heartbeat_s)
+            )
+        except Exception as exc:
+            logger.warning(
+                "node %s could not claim an instant of job %r: %r", self.node_id, job, exc
+            )
+            return None
+
     def wake(self) -> None:
         """Run a round now (a lock was released somewhere)."""
         self._notice_at = self._clock.monotonic()

@@ -10,13 +10,15 @@ key                                     type    content
                                                 TTL of the job's lock expiry (the lease)
 ``singletonjob:{<project>}:<job>:fence``  string  the last fencing token granted; no TTL, so
                                                 tokens keep growing across terms
+``singletonjob:{<project>}:<job>:last``   string  the latest cron/custom instant a leader started,
+                                                in µs since the epoch; no TTL
 ``singletonjob:{<project>}:released``     pubsub  a node publishes here when it releases locks
 ======================================  ======  ============================================
 """
 
 from __future__ import annotations
 
-__all__ = ["fence_key", "lock_key", "release_channel"]
+__all__ = ["fence_key", "last_key", "lock_key", "release_channel"]
 
 PREFIX = "singletonjob"
 
@@ -33,6 +35,11 @@ def lock_key(project: str, job: str) -> str:
 def fence_key(project: str, job: str) -> str:
     """The key holding the last fencing token granted for ``job``."""
     return f"{_tag(project)}:{job}:fence"
+
+
+def last_key(project: str, job: str) -> str:
+    """The key holding the latest instant of ``job`` that a leader claimed (started)."""
+    return f"{_tag(project)}:{job}:last"
 
 
 def release_channel(project: str) -> str:

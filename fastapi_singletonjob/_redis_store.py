@@ -98,6 +98,8 @@ class RedisLeaseStore:
             )
         self._elect = self._redis.register_script(_scripts.ELECT)
         self._release = self._redis.register_script(_scripts.RELEASE)
+        self._claim = self._redis.register_script(_scripts.CLAIM)
+        self._checked_policy = False
         self._channel = _keys.release_channel(project)
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
@@ -111,6 +113,9 @@ class RedisLeaseStore:
             )
             args.append(max(1, round(request.ttl_s * 1000)))
         raw: list[Any] = await self._elect(keys=keys, args=args)
+        if not self._checked_policy:
+            self._checked_policy = True
+            await self._warn_if_evicting()
         replies = []
         for i, request in enumerate(requests):
             held, value, ttl_ms = raw[3 * i : 3 * i + 3]
@@ -126,6 +131,12 @@ class RedisLeaseStore:
         released: int = await self._release(keys=keys, args=[self._channel, *values.values()])
         return int(released)
 
+    async def claim(self, job: str, value: str, instant_us: int) -> int:
+        """See :meth:`LeaseStore.claim`: one script call."""
+        keys = [_keys.lock_key(self._project, job), _keys.last_key(self._project, job)]
+        result: int = await self._claim(keys=keys, args=[value, instant_us])
+        return int(result)
+
     async def listen_releases(self, on_release: Callable[[], None]) -> None:
         """See :meth:`LeaseStore.listen_releases`: a pub/sub subscription on its own connection."""
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
@@ -136,6 +147,24 @@ class RedisLeaseStore:
                     on_release()
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _warn_if_evicting(self) -> None:
+        """Lock keys carry a TTL, so every eviction policy but ``noeviction`` may evict them
+        when Redis is full, and then two nodes can lead at once: say so, once."""
+        try:
+            memory = await self._redis.info("memory")
+        except Exception as exc:  # INFO may be forbidden by an ACL; the check is advisory
+            logger.debug("could not read the eviction policy of %s: %r", self._shown, exc)
+            return
+        policy = str(memory.get("maxmemory_policy", "noeviction"))
+        if int(memory.get("maxmemory", 0) or 0) > 0 and policy != "noeviction":
+            logger.warning(
+                "Redis at %s has maxmemory set with maxmemory-policy %s: when it is full it "
+                "may evict lock keys, and then two nodes can run a job at once; use "
+                "maxmemory-policy noeviction (or a Redis dedicated to locks without maxmemory)",
+                self._shown,
+                policy,
+            )
 
     async def ping(self) -> None:
         """See :meth:`LeaseStore.ping`."""

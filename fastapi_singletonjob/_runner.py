@@ -16,7 +16,7 @@ import contextvars
 import functools
 import logging
 from concurrent.futures import Executor
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ._clock import Clock
@@ -33,6 +33,8 @@ logger = logging.getLogger("fastapi_singletonjob.runner")
 
 _MAX_SLEEP_S = 60.0  # re-read the wall clock at least this often while waiting for a tick
 _MAX_COUNTED_TICKS = 10_000
+_CLAIM_RETRY_S = 0.05
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class JobRunner:
@@ -58,6 +60,9 @@ class JobRunner:
         self._app = app
         self._telemetry = telemetry or Telemetry(elector.node_id)
         self._warned: set[str] = set()
+        # Instants of cron and custom schedules are claimed in the store before they run:
+        # worth a round trip for schedules that fire seldom, not for sub-second ticks.
+        self._claims = spec.kind in ("cron", "custom")
         self._iteration = 0
         self.current: asyncio.Task[None] | None = None
         """The run in flight, if any."""
@@ -109,12 +114,23 @@ class JobRunner:
     async def _instant_loop(self) -> None:
         schedule = self.spec.schedule
         previous = self._clock.now()
+        missed: datetime | None = None  # the last instant, passed while another node led
         while True:
             due = schedule.next_fire(previous)
             if due is None:
                 return
             self.stats.next_run = due
-            await self._sleep_until(due)
+            if await self._sleep_until(due, wake_on_leadership=missed is not None):
+                # This node took over between two instants. The previous leader may have died
+                # before running the last one: run it now, once; the claim skips it if the
+                # previous leader did run it.
+                if missed is not None:
+                    if self._within_grace(missed, self._clock.now()):
+                        self.start(missed)
+                    else:
+                        self._drop(DropReason.LATE)
+                missed = None
+                continue
             now = self._clock.now()
             following = schedule.next_fire(due)
             grace = self.spec.misfire_grace_s
@@ -127,7 +143,16 @@ class JobRunner:
                 previous = due
                 continue
             previous = due
-            self.start(due)
+            started = self.start(due)
+            missed = due if started is None and self._claims and self._lease.token is None else None
+
+    def _within_grace(self, instant: datetime, now: datetime) -> bool:
+        """Whether a run for ``instant`` may still start at ``now``: within ``misfire_grace``,
+        or by default until the following instant."""
+        if self.spec.misfire_grace_s is not None:
+            return (now - instant).total_seconds() <= self.spec.misfire_grace_s
+        following = self.spec.schedule.next_fire(instant)
+        return following is None or now < following
 
     def _count_ticks(self, due: datetime, now: datetime) -> int:
         schedule = self.spec.schedule
@@ -138,10 +163,25 @@ class JobRunner:
             count, instant = count + 1, schedule.next_fire(instant)
         return count
 
-    async def _sleep_until(self, due: datetime) -> None:
-        # Sleep in bounded steps so that a wall-clock jump is noticed within a minute.
+    async def _sleep_until(self, due: datetime, *, wake_on_leadership: bool = False) -> bool:
+        """Sleep until the wall clock reaches ``due``; with ``wake_on_leadership``, return True
+        as soon as this node leads the job. Sleeps in bounded steps so that a wall-clock jump
+        is noticed within a minute."""
+        leading = self._lease.leading
         while (left := (due - self._clock.now()).total_seconds()) > 0:
-            await self._clock.sleep(min(left, _MAX_SLEEP_S))
+            if not wake_on_leadership:
+                await self._clock.sleep(min(left, _MAX_SLEEP_S))
+                continue
+            if leading.is_set():
+                return True
+            sleeper = asyncio.ensure_future(self._clock.sleep(min(left, _MAX_SLEEP_S)))
+            gained = asyncio.ensure_future(leading.wait())
+            try:
+                await asyncio.wait({sleeper, gained}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                gained.cancel()
+        return wake_on_leadership and leading.is_set()
 
     def _drop(self, reason: DropReason, count: int = 1) -> None:
         self.stats.dropped[reason] += count
@@ -183,7 +223,47 @@ class JobRunner:
         )
         return self.current
 
+    async def _claim(self, ctx: JobContext) -> DropReason | None:
+        """Claim the run's instant in the store, so that no instant runs twice across leaders
+        (a successor, or a node whose wall clock is behind). None when claimed; else why not.
+        A store error is retried while the lease holds and the instant is within its grace."""
+        instant_us = (ctx.scheduled_at - _EPOCH) // timedelta(microseconds=1)
+        delay_s = _CLAIM_RETRY_S
+        while True:
+            result = await self._elector.claim(ctx.job, ctx.fencing_token, instant_us)
+            if result == 1:
+                return None
+            if result == 0:
+                logger.info(
+                    "job %r: instant %s was already run by another leader; not running it "
+                    "again on node %s",
+                    ctx.job,
+                    ctx.scheduled_at.isoformat(),
+                    ctx.node_id,
+                )
+                return DropReason.ALREADY_RUN
+            if result == -1 or not ctx.is_leader:
+                return DropReason.LEASE_EXPIRED
+            if not self._within_grace(ctx.scheduled_at, self._clock.now()):
+                logger.warning(
+                    "job %r: instant %s skipped on node %s: the store did not answer within "
+                    "its grace, and running it unclaimed could run it twice",
+                    ctx.job,
+                    ctx.scheduled_at.isoformat(),
+                    ctx.node_id,
+                )
+                return DropReason.STORE_ERROR
+            await self._clock.sleep(delay_s)
+            delay_s = min(2 * delay_s, 1.0)
+
     async def _supervise(self, ctx: JobContext) -> None:
+        if self._claims:
+            reason = await self._claim(ctx)
+            if reason is not None:
+                self.current = None
+                self.stats.running_since = None
+                self._drop(reason)
+                return
         outcome: Outcome = Outcome.CANCELLED
         error: BaseException | None = None
         started = self._clock.monotonic()

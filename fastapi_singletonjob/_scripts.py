@@ -8,7 +8,7 @@ lock only when the owner id in it is its own (node id plus a per-instance nonce)
 
 from __future__ import annotations
 
-__all__ = ["ELECT", "RELEASE"]
+__all__ = ["CLAIM", "ELECT", "RELEASE"]
 
 # Acquire or renew the leases of several jobs for one node, in one round trip.
 #
@@ -81,4 +81,26 @@ if released > 0 then
   redis.call('PUBLISH', ARGV[1], released)
 end
 return released
+"""
+
+# Claim one instant of a job before running it, so that no instant runs twice across leaders.
+#
+# KEYS[1] - lock key of the job        KEYS[2] - "last instant" key of the job
+# ARGV[1] - the exact lock value "<token>|<owner id>" the caller holds
+# ARGV[2] - the instant, in whole microseconds since the Unix epoch
+#
+# Returns 1 when the caller still holds the lock and the instant is later than every instant
+# claimed before (it is recorded), 0 when it is not later (already run), -1 when the caller no
+# longer holds the lock.
+CLAIM = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return -1
+end
+local last = tonumber(redis.call('GET', KEYS[2])) or -1
+local instant = tonumber(ARGV[2])
+if instant <= last then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[2])
+return 1
 """

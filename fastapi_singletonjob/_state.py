@@ -30,6 +30,11 @@ class DropReason(str, enum.Enum):
     """The node woke after later ticks were already due (a stall): they are not replayed."""
     LEASE_EXPIRED = "lease_expired"
     """The lease ran out between the tick and the start of the run."""
+    ALREADY_RUN = "already_run"
+    """Another leader already ran this cron (or custom schedule) instant."""
+    STORE_ERROR = "store_error"
+    """The instant could not be claimed in Redis before its grace ran out: skipped, so that
+    it never runs twice."""
 
 
 @dataclass

@@ -71,6 +71,12 @@ class LeaseStore(Protocol):
         """Delete each job's lock that still holds the given value, and announce it."""
         ...
 
+    async def claim(self, job: str, value: str, instant_us: int) -> int:
+        """Record that the holder of lock value ``value`` starts ``job``'s instant
+        ``instant_us``: 1 if recorded, 0 if that instant (or a later one) was already
+        claimed, -1 if ``value`` no longer holds the lock."""
+        ...
+
     async def listen_releases(self, on_release: Callable[[], None]) -> None:
         """Call ``on_release`` whenever a node releases locks; runs until cancelled or broken."""
         ...
@@ -88,6 +94,7 @@ class LeaseStore(Protocol):
 class _MemoryData:
     locks: dict[str, tuple[str, float]] = field(default_factory=dict)  # job key -> value, expiry
     fences: dict[str, int] = field(default_factory=dict)
+    claimed: dict[str, int] = field(default_factory=dict)
     listeners: set[Callable[[], None]] = field(default_factory=set)
 
 
@@ -147,6 +154,18 @@ class MemoryLeaseStore:
             for listener in list(self._data.listeners):
                 listener()
         return released
+
+    async def claim(self, job: str, value: str, instant_us: int) -> int:
+        """See :meth:`LeaseStore.claim`."""
+        key = self._key(job)
+        current = self._data.locks.get(key)
+        await asyncio.sleep(0)
+        if current is None or current[0] != value or current[1] <= self._clock.monotonic():
+            return -1
+        if instant_us <= self._data.claimed.get(key, -1):
+            return 0
+        self._data.claimed[key] = instant_us
+        return 1
 
     async def listen_releases(self, on_release: Callable[[], None]) -> None:
         """See :meth:`LeaseStore.listen_releases`."""

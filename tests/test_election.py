@@ -39,6 +39,11 @@ class FlakyStore:
             raise ConnectionError("store unreachable")
         return await self.inner.release(node_id, values)
 
+    async def claim(self, job: str, value: str, instant_us: int) -> int:
+        if self.down:
+            raise ConnectionError("store unreachable")
+        return await self.inner.claim(job, value, instant_us)
+
     async def listen_releases(self, on_release: Callable[[], None]) -> None:
         await self.inner.listen_releases(on_release)
 

@@ -556,7 +556,13 @@ async def test_status_returns_what_get_jobs_serves() -> None:
     assert (slow_view["runs"], slow_view["running"]) == (0, True)
     assert slow_view["running_since"] == "2026-01-01T00:00:01Z"
     assert slow_view["dropped_ticks"] == 2, "the ticks at 2 and 3 came while it ran"
-    assert slow_view["dropped"] == {"overlap": 2, "late": 0, "lease_expired": 0}
+    assert slow_view["dropped"] == {
+        "overlap": 2,
+        "late": 0,
+        "lease_expired": 0,
+        "already_run": 0,
+        "store_error": 0,
+    }
     assert off_view["enabled"] is False
     assert served["store"]["last_contact_s_ago"] is not None
     assert only.pop("jobs") == [one.pop("job")]

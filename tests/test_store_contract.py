@@ -8,6 +8,7 @@ what only Redis has: its keys, scripts, memory, client handling and authenticati
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -207,6 +208,27 @@ async def test_many_jobs_in_one_elect(case: Case) -> None:
     assert released == 5
 
 
+async def test_claim_records_each_instant_once_for_the_holder(case: Case) -> None:
+    store = case.store
+    token = await new_term(store, "n1")
+    value = f"{token}|n1"
+    assert await store.claim("job", value, 1_000) == 1
+    assert await store.claim("job", value, 1_000) == 0, "the same instant again"
+    assert await store.claim("job", value, 999) == 0, "an earlier instant"
+    assert await store.claim("job", "1|someone-else", 2_000) == -1, "not the holder"
+    assert await store.claim("job", value, 2_000) == 1
+
+
+async def test_claims_survive_a_change_of_leader(case: Case) -> None:
+    store = case.store
+    first = await new_term(store, "n1")
+    assert await store.claim("job", f"{first}|n1", 5_000) == 1
+    assert await store.release("n1", {"job": f"{first}|n1"}) == 1
+    second = await new_term(store, "n2")
+    assert await store.claim("job", f"{second}|n2", 5_000) == 0, "already run by n1"
+    assert await store.claim("job", f"{second}|n2", 6_000) == 1
+
+
 async def test_ping(case: Case) -> None:
     await case.store.ping()
 
@@ -386,3 +408,26 @@ async def test_redis_url_with_password(
     finally:
         for each in (good, bad, anonymous):
             await each.aclose()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(("policy", "warns"), [("allkeys-lru", True), ("noeviction", False)])
+async def test_an_evicting_policy_is_warned_about(
+    fresh_redis: RedisServerFactory,
+    unique_project: str,
+    caplog: pytest.LogCaptureFixture,
+    policy: str,
+    warns: bool,
+) -> None:
+    server = fresh_redis(extra_args=["--maxmemory", "64mb", "--maxmemory-policy", policy])
+    store = RedisLeaseStore(unique_project, url=server.url)
+    try:
+        with caplog.at_level(logging.WARNING, logger="fastapi_singletonjob"):
+            await elect_one(store, "n1")
+            await elect_one(store, "n1")
+    finally:
+        await store.aclose()
+    warnings = [r for r in caplog.records if "may evict lock keys" in r.getMessage()]
+    assert len(warnings) == (1 if warns else 0)
+    if warns:
+        assert policy in warnings[0].getMessage()

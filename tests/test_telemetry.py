@@ -165,7 +165,14 @@ async def test_series_start_at_zero_for_every_registered_job(
     }
     assert outcomes == {"success": 0, "failed": 0, "timeout": 0, "cancelled": 0}
     reasons = {a["singletonjob.reason"] for a, _ in otel.points("singletonjob.ticks.dropped")}
-    assert reasons == {"overlap", "late", "lease_expired", "not_leader"}
+    assert reasons == {
+        "overlap",
+        "late",
+        "lease_expired",
+        "already_run",
+        "store_error",
+        "not_leader",
+    }
     assert otel.value("singletonjob.leader", **{"singletonjob.job": "report"}) == 1
 
 
