@@ -6,6 +6,7 @@ The tests start their own redis-server processes: they need ``redis-server`` on 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nox
@@ -21,6 +22,51 @@ def tests(session: nox.Session) -> None:
     """Run the test suite; arguments after ``--`` go to pytest."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "pytest", *session.posargs)
+
+
+FASTAPI_LOWEST = "0.115.0"
+"""The lowest FastAPI that ``pyproject.toml`` admits (``fastapi>=0.115``)."""
+
+FASTAPI_TESTS = (
+    "tests/test_dependencies.py",
+    "tests/test_router.py",
+    "tests/test_lifespan.py",
+    "tests/test_example_app.py",
+)
+"""The tests of the FastAPI integration, run against both ends of the supported range."""
+
+
+def _fastapi_tests(session: nox.Session) -> None:
+    # Job parameters use FastAPI's internal get_dependant/solve_dependencies: run the
+    # integration tests at both ends of the range; the whole suite until they all exist.
+    paths = [path for path in FASTAPI_TESTS if (ROOT / path).is_file()]
+    targets = paths if len(paths) == len(FASTAPI_TESTS) else []
+    session.run("python", "-c", "import fastapi; print('fastapi', fastapi.__version__)")
+    session.run("python", "-m", "pytest", *targets, *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def tests_fastapi_lowest(session: nox.Session) -> None:
+    """Run the FastAPI integration tests on the lowest FastAPI that pyproject admits."""
+    session.install("-e", ".[test]")
+    session.install(f"fastapi=={FASTAPI_LOWEST}")
+    _fastapi_tests(session)
+
+
+@nox.session(python=PYTHON)
+def tests_fastapi_newest(session: nox.Session) -> None:
+    """Run the FastAPI integration tests on the newest FastAPI that pyproject admits."""
+    session.install("-e", ".[test]")
+    session.install("--upgrade", _fastapi_requirement())
+    _fastapi_tests(session)
+
+
+def _fastapi_requirement() -> str:
+    """The fastapi requirement of ``pyproject.toml``, e.g. ``fastapi>=0.115,<1``."""
+    found = re.search(r'"(fastapi[<>=!~,.\d ]*)"', (ROOT / "pyproject.toml").read_text())
+    if found is None:
+        raise RuntimeError("no fastapi requirement in pyproject.toml")
+    return found.group(1)
 
 
 @nox.session(python=PYTHON)

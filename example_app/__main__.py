@@ -26,6 +26,9 @@ def main() -> None:
         level=logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
+    from .telemetry import setup_telemetry
+
+    setup_telemetry()
     from .main import app  # after basicConfig, so that the app's startup lines are shown
 
     signal.signal(signal.SIGTERM, _exit_cleanly)

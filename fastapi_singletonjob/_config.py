@@ -7,6 +7,7 @@ an error names the field, the bad value and the fix. Durations are accepted as
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -148,6 +149,8 @@ class Settings:
     lock_expiry_s: float
     max_backoff_s: float
     shutdown_timeout_s: float
+    node_id_generated_in: int | None = None
+    """The pid that generated a default node id (None when it was configured)."""
 
     @classmethod
     def build(
@@ -186,6 +189,7 @@ class Settings:
             )
         check_name(project, field="project")
         node_id = node_id if node_id is not None else env.get(ENV_PREFIX + "NODE_ID")
+        generated_in = None if node_id else os.getpid()
         node_id = node_id or default_node_id()
         if not isinstance(node_id, str) or not node_id.isprintable() or len(node_id) > 200:
             raise ConfigurationError(
@@ -213,7 +217,25 @@ class Settings:
             field="shutdown_timeout",
             allow_zero=True,
         )
-        return cls(project, node_id, redis_url, heartbeat_s, expiry_s, backoff_s, shutdown_s)
+        return cls(
+            project,
+            node_id,
+            redis_url,
+            heartbeat_s,
+            expiry_s,
+            backoff_s,
+            shutdown_s,
+            generated_in,
+        )
+
+    def for_this_process(self) -> Settings:
+        """These settings with a fresh default node id when the process was forked since it
+        was generated (``gunicorn --preload`` builds the app once, then forks the workers)."""
+        if self.node_id_generated_in in (None, os.getpid()):
+            return self
+        return dataclasses.replace(
+            self, node_id=default_node_id(), node_id_generated_in=os.getpid()
+        )
 
     def __repr__(self) -> str:
         url = None if self.redis_url is None else redact_url(self.redis_url)

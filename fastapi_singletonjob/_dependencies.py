@@ -51,10 +51,11 @@ _REQUEST_OBJECTS = {
 }
 
 
-def job_context() -> JobContext:
+async def job_context() -> JobContext:
     """A dependency that gives the current run's :class:`JobContext`, for use inside your
     own dependencies: ``ctx: Annotated[JobContext, Depends(job_context)]``. (A job function
-    itself just annotates a parameter ``JobContext``.)"""
+    itself just annotates a parameter ``JobContext``.) It is ``async`` so that FastAPI
+    resolves it on the event loop, without a thread hop."""
     try:
         return _CURRENT.get()
     except LookupError:
@@ -143,10 +144,7 @@ def _shim(job: str, func: Callable[..., Any]) -> Callable[..., Any]:
         raise ConfigurationError(
             f"cannot read the signature of {func!r}: {exc}", job=job, field="func"
         ) from exc
-    try:
-        hints = get_type_hints(func, include_extras=True)
-    except Exception:  # an annotation only imported under TYPE_CHECKING: keep the raw text
-        hints = {}
+    hints = _annotations(func)
     parameters = []
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
@@ -162,7 +160,11 @@ def _shim(job: str, func: Callable[..., Any]) -> Callable[..., Any]:
         if annotation is JobContext or annotation == "JobContext":
             annotation = Annotated[JobContext, Depends(job_context)]
             parameter = parameter.replace(default=inspect.Parameter.empty)
-        parameters.append(parameter.replace(annotation=annotation))
+        # Keyword-only: parameters are passed by name, and a context parameter that lost its
+        # default may then follow parameters that have one.
+        parameters.append(
+            parameter.replace(annotation=annotation, kind=inspect.Parameter.KEYWORD_ONLY)
+        )
 
     def shim(**kwargs: Any) -> None:  # never called: it only carries the signature
         raise AssertionError("not callable")
@@ -170,6 +172,38 @@ def _shim(job: str, func: Callable[..., Any]) -> Callable[..., Any]:
     shim.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     shim.__qualname__ = _name(func)
     return shim
+
+
+def _annotations(func: Callable[..., Any]) -> dict[str, Any]:
+    """The parameters' annotations, evaluated where possible. One that cannot be evaluated
+    (a name imported only under ``TYPE_CHECKING``) stays text, without spoiling the others."""
+    try:
+        return get_type_hints(func, include_extras=True)
+    except Exception:
+        pass
+    try:
+        raw = inspect.get_annotations(func)
+    except TypeError:
+        return {}
+    namespace = getattr(inspect.unwrap(func), "__globals__", {})
+    resolved: dict[str, Any] = {}
+    for name, annotation in raw.items():
+        if isinstance(annotation, str):
+            try:
+                annotation = get_type_hints(
+                    _Holder(annotation), globalns=namespace, include_extras=True
+                )["value"]
+            except Exception:
+                pass
+        resolved[name] = annotation
+    return resolved
+
+
+class _Holder:
+    """Lets ``get_type_hints`` evaluate one annotation text on its own."""
+
+    def __init__(self, text: str) -> None:
+        self.__annotations__ = {"value": text}
 
 
 def _reject_request_parameters(job: str, func: Callable[..., Any], dependant: Dependant) -> None:

@@ -217,7 +217,8 @@ class Elector:
                 replies = await asyncio.wait_for(
                     self._store.elect(self.owner, requests), self._call_timeout(sent_at)
                 )
-            else:
+            else:  # no job to elect: still find out whether the store answers
+                await asyncio.wait_for(self._store.ping(), self._call_timeout(sent_at))
                 replies = []
         except Exception as exc:  # any failure of the store is retried with backoff
             self._telemetry.election_round(self._clock.monotonic() - sent_at, exc)

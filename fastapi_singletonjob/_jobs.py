@@ -364,6 +364,7 @@ class SingletonJobs:
         """
         if self._engine is not None:
             raise RuntimeError(f"SingletonJobs {self.project!r} is already started")
+        self.settings = self.settings.for_this_process()
         store = self._open_store()
         engine = Engine(
             self.settings, list(self._specs.values()), store, self._clock, app, self._telemetry

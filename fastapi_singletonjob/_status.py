@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from ._state import DropReason, Outcome
+from ._state import DropReason, Outcome, RunRecord
 
 if TYPE_CHECKING:
     from ._jobs import SingletonJobs
@@ -155,7 +155,9 @@ def _job_status(jobs: SingletonJobs, name: str) -> JobStatus:
         ),
         running=runner is not None and runner.current is not None,
         running_since=stats.running_since if stats else None,
-        last_run=None if last is None else LastRun(**vars(last)),
+        last_run=None
+        if last is None
+        else LastRun(**{**vars(last), "duration_s": round(last.duration_s, 6)}),
         next_run=stats.next_run if stats else None,
         runs=stats.runs if stats else 0,
         failures=stats.failures if stats else 0,
@@ -166,6 +168,10 @@ def _job_status(jobs: SingletonJobs, name: str) -> JobStatus:
         not_leader_ticks=stats.not_leader if stats else 0,
         error=None if runner is None or runner.crashed is None else repr(runner.crashed),
     )
+
+
+def _last_run(run: RunRecord) -> LastRun:
+    return LastRun(**{**vars(run), "duration_s": round(run.duration_s, 6)})
 
 
 def _round(value: float | None) -> float | None:
@@ -222,6 +228,8 @@ def liveness(jobs: SingletonJobs) -> str | None:
     if age > wedged_after_s:
         return f"the election loop has not completed a round for {age:.1f}s"
     for name, runner in engine.runners.items():
-        if runner.crashed is not None:
+        # A custom schedule that raised is the user's code failing: a restart would fail
+        # again (and disturb the node's other jobs), so only /jobs reports it.
+        if runner.crashed is not None and runner.spec.kind != "custom":
             return f"the schedule loop of job {name!r} died: {runner.crashed!r}"
     return None

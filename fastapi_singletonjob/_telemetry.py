@@ -55,6 +55,12 @@ SPAN_RUN = "singletonjob.run"
 NOT_LEADER = "not_leader"
 """Drop reason of a tick that came while another node led the job."""
 CHANGES = ("acquired", "lost", "released")
+SECONDS_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
+)  # fmt: skip
+"""Histogram boundaries in seconds, from sub-millisecond lateness to a five-minute run (the
+SDK's default boundaries are meant for milliseconds)."""
 
 
 class Telemetry:
@@ -76,11 +82,15 @@ class Telemetry:
             "singletonjob.runs", unit="{run}", description="Runs finished, by outcome."
         )
         self.run_duration = meter.create_histogram(
-            "singletonjob.run.duration", unit="s", description="How long runs took."
+            "singletonjob.run.duration",
+            unit="s",
+            description="How long runs took.",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
         self.lateness = meter.create_histogram(
             "singletonjob.tick.lateness",
             unit="s",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
             description="Start of a run minus the instant it was scheduled for.",
         )
         self.dropped = meter.create_counter(
@@ -96,12 +106,14 @@ class Telemetry:
         self.leaderless = meter.create_histogram(
             "singletonjob.leaderless.duration",
             unit="s",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
             description="Time a job had no live leader before this node took it over "
             "(estimated by the new leader).",
         )
         self.election_duration = meter.create_histogram(
             "singletonjob.election.duration",
             unit="s",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
             description="Round-trip time of one election round (all jobs of the node).",
         )
         self.election_failures = meter.create_counter(

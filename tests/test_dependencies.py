@@ -315,7 +315,10 @@ async def test_a_yield_dependency_is_closed_when_the_run_is_cancelled_by_its_tim
     assert stats.runs == 0
     await clock.advance(1.5)
     await wait_until(lambda: stats.runs == 1, RUN_TIMEOUT_S, "the timed-out run is recorded")
-    assert journal == ["enter", "run", "exit CancelledError"], "closed before the run counted"
+    # FastAPI 0.115 closes a sync generator dependency with GeneratorExit, recent ones throw
+    # the CancelledError into it: either way its teardown ran before the run was counted.
+    assert journal[:2] == ["enter", "run"]
+    assert journal[2:] in (["exit CancelledError"], ["exit GeneratorExit"]), journal
     assert stats.timeouts == 1
     assert stats.last_run is not None
     assert stats.last_run.outcome is Outcome.TIMEOUT

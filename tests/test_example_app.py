@@ -15,20 +15,22 @@ import httpx
 import pytest
 from waiting import wait_until
 
-from example_app.main import Counters, create_app
+from example_app.main import Counters, PriceBook, PriceFeed, create_app, get_price_feed
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
 
 
-async def test_lifespan_runs_the_jobs_and_the_route_answers(
-    monkeypatch: pytest.MonkeyPatch,
+async def test_lifespan_runs_the_jobs_and_the_routes_answer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("SINGLETONJOB_REDIS_URL", "memory://")
     monkeypatch.setenv("SINGLETONJOB_PROJECT", "example-test")
+    monkeypatch.setenv("HEARTBEAT_FILE", str(tmp_path / "heartbeat"))
     app = create_app()
     counters: Counters = app.state.counters
+    book: PriceBook = app.state.price_book
     transport = httpx.ASGITransport(app=app)
     async with (
         app.router.lifespan_context(app),
@@ -44,8 +46,60 @@ async def test_lifespan_runs_the_jobs_and_the_route_answers(
         # price-tick fires every 500 ms on the epoch grid; heartbeat as soon as the node leads
         await wait_until(lambda: counters.price_ticks >= 2, 5.0, "two price ticks")
         await wait_until(lambda: counters.heartbeats >= 1, 5.0, "a heartbeat")
+
+        status = (await client.get("/singletonjob/jobs")).json()
+        assert status["project"] == "example-test"
+        assert status["node_id"] == app.state.jobs.node_id
+        assert status["store"]["url"] == "memory://"
+        by_name = {job["name"]: job for job in status["jobs"]}
+        assert sorted(by_name) == ["daily-report", "heartbeat", "price-tick"]
+        tick = by_name["price-tick"]
+        assert tick["is_leader"] is True
+        assert tick["last_run"]["outcome"] == "success"
+        # the jobs got their dependencies, and wrote with this node's fencing token
+        assert set(book.quotes) == {"EURUSD", "GBPUSD"}
+        assert book.fencing_token == tick["fencing_token"]
+        line = read_text(app.state.heartbeat_path)
+        assert f"token={by_name['heartbeat']['fencing_token']}" in line
+        assert line.startswith(app.state.jobs.node_id)
+        prices = (await client.get("/prices")).json()
+        assert prices["fencing_token"] == book.fencing_token
+
+        health = await client.get("/singletonjob/health")
+        assert health.status_code == 200
+        assert health.json() == {"status": "ok", "reason": None, "node_id": status["node_id"]}
+        assert (await client.get("/singletonjob/health/live")).status_code == 200
     assert app.state.jobs.engine is None, "the lifespan stopped the jobs"
     assert counters.reports == 0
+    # the heartbeat's `yield` dependency moved each run's file into place
+    assert files_in(tmp_path) == ["heartbeat"]
+
+
+def files_in(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.iterdir())
+
+
+def read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+class FixedFeed(PriceFeed):
+    async def latest(self) -> dict[str, float]:
+        return {"EURUSD": 1.5}
+
+
+async def test_a_dependency_override_reaches_the_jobs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SINGLETONJOB_REDIS_URL", "memory://")
+    monkeypatch.setenv("SINGLETONJOB_PROJECT", "example-override")
+    monkeypatch.setenv("HEARTBEAT_FILE", str(tmp_path / "heartbeat"))
+    app = create_app()
+    app.dependency_overrides[get_price_feed] = FixedFeed
+    book: PriceBook = app.state.price_book
+    async with app.router.lifespan_context(app):
+        await wait_until(lambda: app.state.counters.price_ticks >= 1, 5.0, "a price tick")
+    assert book.quotes == {"EURUSD": 1.5}
 
 
 def free_port() -> int:
@@ -76,6 +130,7 @@ def test_python_m_example_app_serves_and_exits_0_on_sigterm(tmp_path: Path) -> N
         "PORT": str(port),
         "SINGLETONJOB_REDIS_URL": "memory://",
         "SINGLETONJOB_PROJECT": "example-test",
+        "HEARTBEAT_FILE": str(tmp_path / "heartbeat"),
     }
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -86,13 +141,24 @@ def test_python_m_example_app_serves_and_exits_0_on_sigterm(tmp_path: Path) -> N
             stderr=subprocess.STDOUT,
         )
     try:
-        response = wait_for_http(process, f"http://127.0.0.1:{port}/", log)
+        base = f"http://127.0.0.1:{port}"
+        response = wait_for_http(process, f"{base}/", log)
         assert response.status_code == 200
         assert response.json()["jobs"] == ["daily-report", "heartbeat", "price-tick"]
         deadline = time.monotonic() + 5.0
         while "price-tick #1 " not in log.read_text():
             assert time.monotonic() < deadline, f"price-tick never ran:\n{log.read_text()}"
             time.sleep(0.05)
+        jobs = httpx.get(f"{base}/singletonjob/jobs", timeout=5.0)
+        assert jobs.status_code == 200
+        assert [job["name"] for job in jobs.json()["jobs"]] == [
+            "price-tick",
+            "heartbeat",
+            "daily-report",
+        ]
+        health = httpx.get(f"{base}/singletonjob/health", timeout=5.0)
+        assert health.status_code == 200, health.text
+        assert health.json()["status"] == "ok"
         process.send_signal(signal.SIGTERM)
         try:
             code = process.wait(timeout=STOP_TIMEOUT_S)

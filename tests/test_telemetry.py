@@ -193,6 +193,7 @@ async def test_run_metrics_drops_and_lateness(make: Factory, clock: FakeClock, o
     assert overlap >= 2 * runs
     lateness = [p for a, p in otel.points("singletonjob.tick.lateness")]
     assert lateness and lateness[0].count >= runs and lateness[0].max == 0.0
+    assert list(lateness[0].explicit_bounds[:3]) == [0.0005, 0.001, 0.0025], "buckets in seconds"
 
 
 async def test_failover_between_two_nodes(make: Factory, clock: FakeClock, otel: Otel) -> None:
