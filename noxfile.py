@@ -99,10 +99,9 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Run the benchmarks (``python -m bench``) once the bench/ package exists."""
-    if not (ROOT / "bench").is_dir():
-        session.skip("no bench/ directory yet")
-    session.install("-e", ".[test]")
+    """Run the benchmarks (``python -m bench``; ``-- --quick``, ``-- --only NAME``) and render
+    docs/benchmarks.md from bench/results.json."""
+    session.install("-e", ".[bench]")
     session.run("python", "-m", "bench", *session.posargs)
 
 

@@ -126,8 +126,7 @@ class Engine:
     async def stop(self) -> None:
         """Shut down in the order described in the module docstring; never raises for a
         job's misbehaviour."""
-        for task in self._loops:
-            await _cancel(task)
+        await asyncio.gather(*(_cancel(task) for task in self._loops))
         runs = {name: r.current for name, r in self.runners.items() if r.current is not None}
         if runs:
             logger.info(

@@ -138,8 +138,9 @@ async def test_hard_kill_is_taken_over_one_expiry_after_the_last_renewal(
     await a.start()
     await clock.settle()
     await b.start()
-    await clock.advance(2.2)  # a renewed at 1.0 and 2.0
-    last_renewal = clock.monotonic() - 0.2
+    await clock.advance(2.2)  # a renewed twice meanwhile
+    last_renewal = a.elector.last_success_at
+    assert last_renewal is not None and last_renewal > clock.monotonic() - HEARTBEAT
     await a.kill()
     taken_at = None
     for _ in range(400):
@@ -270,10 +271,11 @@ async def test_all_jobs_are_elected_in_one_call_per_round(clock: FakeClock) -> N
 @pytest.mark.parametrize(
     ("failures", "leading", "holder_ttl", "jitter", "expected"),
     [
-        (0, False, None, 0.9, 1.0),
-        (0, True, None, 0.9, 1.0),
+        (0, False, None, 0.0, 1.0),
+        (0, False, None, 0.9, 0.91),
+        (0, True, None, 0.5, 0.95),
         (0, False, 0.25, 0.9, 0.251),
-        (0, False, 5.0, 0.9, 1.0),
+        (0, False, 5.0, 0.0, 1.0),
         (1, True, None, 0.9, 1.0),
         (1, False, None, 0.0, 1.0),
         (1, False, None, 0.999999, 2.0),

@@ -1,0 +1,439 @@
+"""Overhead: CPU per tick with 1,000 empty jobs, OpenTelemetry's share, startup and shutdown.
+
+CPU per tick: a child process runs 1,000 empty jobs every 0.5 s (all on the same instants, as
+jobs declared without an offset are) and divides its CPU time (``time.process_time``) over a
+window by the runs in it; ticks per second per core is the inverse. Variants: the library on
+``memory://`` with the OpenTelemetry API alone (no SDK configured: every call a no-op), the
+library with the SDK and in-memory exporters (``SimpleSpanProcessor`` +
+``InMemorySpanExporter``, ``InMemoryMetricReader``), APScheduler 3, ``repeat_every``, and bare
+asyncio loops (the floor). Each variant runs ``REPEATS`` times, the variants interleaved, and
+the median is reported.
+
+Startup: lifespan start to the first run of an interval job (and to the last of 1,000), on
+``memory://`` and on a local redis-server. Shutdown: lifespan exit while no run is in flight.
+
+    python -m bench.overhead cpu --scheduler singletonjob --jobs 1000 --period 0.5
+    python -m bench.overhead lifecycle --url redis://... --repeats 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench._common import Child, Json, RedisServer, optional, say, spawn, stats, stop_children
+
+CPU_SCHEDULERS = (
+    "singletonjob",
+    "singletonjob_otel",
+    "apscheduler",
+    "repeat_every",
+    "asyncio_floor",
+)
+JOBS = 1000
+PERIOD_S = 0.5
+LIFECYCLE_JOBS = (1, 1000)
+
+
+# -- CPU per tick (child) -------------------------------------------------------------------
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    async def tick(self) -> None:
+        self.ticks += 1
+
+
+def _otel_providers() -> tuple[Any, Any, Any]:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    return tracer_provider, meter_provider, exporter
+
+
+async def _cpu_singletonjob(counter: Counter, jobs: int, period: float, otel: bool) -> Any:
+    from fastapi_singletonjob import SingletonJobs
+
+    tracer_provider = meter_provider = None
+    if otel:
+        tracer_provider, meter_provider, _ = _otel_providers()
+    sj = SingletonJobs(
+        redis_url="memory://overhead",
+        project="bench-overhead",
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+    )
+    for i in range(jobs):
+        sj.fixed_rate(f"job-{i:04d}", every=period)(counter.tick)
+    await sj.start()
+    return sj.stop
+
+
+async def _cpu_apscheduler(counter: Counter, jobs: int, period: float) -> Any:
+    module = optional("apscheduler.schedulers.asyncio")
+    if module is None:
+        raise SystemExit("apscheduler is not installed")
+    scheduler = module.AsyncIOScheduler(timezone=timezone.utc)
+    first = datetime.fromtimestamp(math.ceil(time.time()) + 0.5, timezone.utc)
+    for i in range(jobs):
+        scheduler.add_job(
+            counter.tick,
+            "interval",
+            seconds=period,
+            start_date=first,
+            id=f"job-{i}",
+            max_instances=1,
+        )
+    scheduler.start()
+
+    async def stop() -> None:
+        scheduler.shutdown(wait=False)
+
+    return stop
+
+
+async def _cpu_tasks(loops: list[Awaitable[None]]) -> Any:
+    tasks = [asyncio.ensure_future(loop) for loop in loops]
+
+    async def stop() -> None:
+        for task in tasks:
+            task.cancel()
+
+    return stop
+
+
+async def _floor_loop(period: float, body: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        due = (math.floor(time.time() / period) + 1) * period
+        await asyncio.sleep(due - time.time())
+        await body()
+
+
+async def cpu_child(args: argparse.Namespace) -> Json:
+    import fastapi
+
+    # Every variant lives in a FastAPI application's heap (the garbage collector's work
+    # grows with it), as a scheduler inside a FastAPI service does.
+    app = fastapi.FastAPI()
+    counter = Counter()
+    before = set(asyncio.all_tasks())
+    if args.scheduler.startswith("singletonjob"):
+        stop = await _cpu_singletonjob(
+            counter, args.jobs, args.period, otel=args.scheduler == "singletonjob_otel"
+        )
+    elif args.scheduler == "apscheduler":
+        stop = await _cpu_apscheduler(counter, args.jobs, args.period)
+    elif args.scheduler == "repeat_every":
+        from bench.precision import _repeat_every
+
+        repeat_every, _ = _repeat_every()
+        for _ in range(args.jobs):
+            await repeat_every(seconds=args.period)(counter.tick)()
+        created = set(asyncio.all_tasks()) - before
+
+        async def stop() -> None:
+            for task in created:
+                task.cancel()
+
+    else:
+        stop = await _cpu_tasks([_floor_loop(args.period, counter.tick) for _ in range(args.jobs)])
+    await asyncio.sleep(args.warmup)
+    # Whole periods, from halfway between two bursts of ticks: a burst is never cut in two.
+    half = (math.floor(time.time() / args.period) + 1.5) * args.period
+    await asyncio.sleep(half - time.time())
+    ticks0, cpu0, wall0 = counter.ticks, time.process_time(), time.monotonic()
+    await asyncio.sleep(max(1, round(args.window / args.period)) * args.period)
+    ticks1, cpu1, wall1 = counter.ticks, time.process_time(), time.monotonic()
+    await stop()
+    ticks = ticks1 - ticks0
+    cpu = cpu1 - cpu0
+    return {
+        "ticks": ticks,
+        "cpu_s": cpu,
+        "wall_s": wall1 - wall0,
+        "cpu_us_per_tick": cpu / ticks * 1e6 if ticks else None,
+        "expected_ticks": round(args.jobs * (wall1 - wall0) / args.period),
+        "otel_sdk_imported": sys.modules.get("opentelemetry.sdk") is not None,
+        "app": type(app).__name__,
+    }
+
+
+# -- lifecycle (child) -------------------------------------------------------------------------
+
+
+async def _lifecycle_singletonjob(url: str, project: str, count: int) -> Json:
+    from fastapi_singletonjob import SingletonJobs
+
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[float] = loop.create_future()
+    last: asyncio.Future[float] = loop.create_future()
+    ran = [0]
+
+    async def job() -> None:
+        ran[0] += 1
+        stamp = time.perf_counter()
+        if not first.done():
+            first.set_result(stamp)
+        if ran[0] == count:
+            last.set_result(stamp)
+
+    t_reg = time.perf_counter()
+    sj = SingletonJobs(redis_url=url, project=project)
+    for i in range(count):
+        sj.interval(f"job-{i:04d}", every=3600.0)(job)
+    registered = time.perf_counter() - t_reg
+    lifespan = sj.lifespan(None)
+    t0 = time.perf_counter()
+    await lifespan.__aenter__()
+    entered = time.perf_counter()
+    t_first = await first
+    t_last = await last
+    await asyncio.sleep(0.05)  # idle: no run in flight
+    t_stop = time.perf_counter()
+    await lifespan.__aexit__(None, None, None)
+    stopped = time.perf_counter()
+    return {
+        "register_ms": registered * 1000,
+        "lifespan_enter_ms": (entered - t0) * 1000,
+        "first_run_ms": (t_first - t0) * 1000,
+        "all_ran_ms": (t_last - t0) * 1000,
+        "shutdown_ms": (stopped - t_stop) * 1000,
+    }
+
+
+async def _lifecycle_apscheduler(count: int) -> Json | None:
+    module = optional("apscheduler.schedulers.asyncio")
+    if module is None:
+        return None
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[float] = loop.create_future()
+    last: asyncio.Future[float] = loop.create_future()
+    ran = [0]
+
+    async def job() -> None:
+        ran[0] += 1
+        stamp = time.perf_counter()
+        if not first.done():
+            first.set_result(stamp)
+        if ran[0] == count:
+            last.set_result(stamp)
+
+    t_reg = time.perf_counter()
+    scheduler = module.AsyncIOScheduler(timezone=timezone.utc)
+    run_now = datetime.now(timezone.utc)
+    for i in range(count):
+        scheduler.add_job(
+            job, "interval", seconds=3600, next_run_time=run_now, id=f"j{i}", max_instances=1
+        )
+    registered = time.perf_counter() - t_reg
+    t0 = time.perf_counter()
+    scheduler.start()
+    entered = time.perf_counter()
+    t_first = await first
+    t_last = await last
+    await asyncio.sleep(0.05)
+    t_stop = time.perf_counter()
+    scheduler.shutdown(wait=True)
+    stopped = time.perf_counter()
+    return {
+        "register_ms": registered * 1000,
+        "lifespan_enter_ms": (entered - t0) * 1000,
+        "first_run_ms": (t_first - t0) * 1000,
+        "all_ran_ms": (t_last - t0) * 1000,
+        "shutdown_ms": (stopped - t_stop) * 1000,
+    }
+
+
+async def _lifecycle_repeat_every(count: int) -> Json:
+    from bench.precision import _repeat_every
+
+    repeat_every, _ = _repeat_every()
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[float] = loop.create_future()
+    last: asyncio.Future[float] = loop.create_future()
+    ran = [0]
+
+    async def job() -> None:
+        ran[0] += 1
+        stamp = time.perf_counter()
+        if not first.done():
+            first.set_result(stamp)
+        if ran[0] == count:
+            last.set_result(stamp)
+
+    before = set(asyncio.all_tasks())
+    t_reg = time.perf_counter()
+    starters = [repeat_every(seconds=3600)(job) for _ in range(count)]
+    registered = time.perf_counter() - t_reg
+    t0 = time.perf_counter()
+    for starter in starters:
+        await starter()
+    entered = time.perf_counter()
+    t_first = await first
+    t_last = await last
+    for task in set(asyncio.all_tasks()) - before:
+        task.cancel()  # repeat_every has no shutdown: its tasks can only be cancelled
+    return {
+        "register_ms": registered * 1000,
+        "lifespan_enter_ms": (entered - t0) * 1000,
+        "first_run_ms": (t_first - t0) * 1000,
+        "all_ran_ms": (t_last - t0) * 1000,
+        "shutdown_ms": None,
+    }
+
+
+async def lifecycle_child(args: argparse.Namespace) -> Json:
+    out: dict[str, list[Json]] = {}
+
+    def add(name: str, row: Json | None) -> None:
+        if row is not None:
+            out.setdefault(name, []).append(row)
+
+    for count in LIFECYCLE_JOBS:
+        for i in range(args.repeats):
+            add(
+                f"singletonjob-memory-{count}",
+                await _lifecycle_singletonjob(
+                    f"memory://life-{count}-{i}", f"life-{count}-{i}", count
+                ),
+            )
+            add(
+                f"singletonjob-redis-{count}",
+                await _lifecycle_singletonjob(args.url, f"life-{count}-{i}", count),
+            )
+            add(f"apscheduler-{count}", await _lifecycle_apscheduler(count))
+            add(f"repeat_every-{count}", await _lifecycle_repeat_every(count))
+    return {
+        name: {key: _median([row[key] for row in rows]) for key in rows[0]}
+        for name, rows in out.items()
+    }
+
+
+def _median(values: list[Any]) -> float | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    ordered = sorted(present)
+    mid = len(ordered) // 2
+    value = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return round(float(value), 3)
+
+
+# -- the parent ---------------------------------------------------------------------------------
+
+
+NO_SDK = (
+    "import sys, runpy; sys.modules['opentelemetry.sdk'] = None; "
+    "runpy.run_module('bench.overhead', run_name='__main__', alter_sys=True)"
+)
+"""Run the child as if opentelemetry-sdk were not installed (redis-py imports it if it is)."""
+
+
+def _child_json(
+    name: str, args: list[str], workdir: Path, timeout_s: float, *, no_sdk: bool = False
+) -> Json:
+    log = workdir / f"overhead-{name}.log"
+    child = (
+        Child(name, ["-c", NO_SDK, *args], log)
+        if no_sdk
+        else spawn(name, "bench.overhead", args, log)
+    )
+    try:
+        line = child.expect("{")
+        data: Json = json.loads(line)
+        return data
+    finally:
+        stop_children([child], timeout_s)
+
+
+def run(quick: bool, workdir: Path) -> Json:
+    """CPU per tick for every variant (interleaved repeats), then the lifecycle timings."""
+    repeats, warmup, window = (1, 1.0, 1.5) if quick else (3, 2.0, 4.0)
+    schedulers = [s for s in CPU_SCHEDULERS if s != "apscheduler" or optional("apscheduler")]
+    started = time.monotonic()
+    samples: dict[str, list[Json]] = {s: [] for s in schedulers}
+    for _ in range(repeats):
+        for scheduler in schedulers:
+            args = [
+                "cpu",
+                *("--scheduler", scheduler, "--jobs", str(JOBS), "--period", str(PERIOD_S)),
+                *("--warmup", str(warmup), "--window", str(window)),
+            ]
+            samples[scheduler].append(
+                _child_json(scheduler, args, workdir, 30.0, no_sdk=scheduler == "singletonjob")
+            )
+    cpu: Json = {}
+    for scheduler, rows in samples.items():
+        per_tick = [r["cpu_us_per_tick"] for r in rows if r["cpu_us_per_tick"]]
+        median_us = stats(per_tick, digits=2)["p50"]
+        cpu[scheduler] = {
+            "cpu_us_per_tick": median_us,
+            "cpu_us_per_tick_all": [round(x, 2) for x in per_tick],
+            "ticks_per_s_per_core": round(1e6 / median_us) if median_us else None,
+            "ticks": [r["ticks"] for r in rows],
+            "expected_ticks": [r["expected_ticks"] for r in rows],
+            "otel_sdk_imported": any(r["otel_sdk_imported"] for r in rows),
+        }
+    noop = cpu["singletonjob"]["cpu_us_per_tick"]
+    sdk = cpu["singletonjob_otel"]["cpu_us_per_tick"]
+    lifecycle_repeats = 3 if quick else 10
+    with RedisServer.start(data_dir=workdir / "redis-overhead") as server:
+        lifecycle = _child_json(
+            "lifecycle",
+            ["lifecycle", "--url", server.url, "--repeats", str(lifecycle_repeats)],
+            workdir,
+            120.0,
+        )
+    return {
+        "settings": {
+            "jobs": JOBS,
+            "period_s": PERIOD_S,
+            "repeats": repeats,
+            "warmup_s": warmup,
+            "window_s": window,
+            "lifecycle_jobs": list(LIFECYCLE_JOBS),
+            "lifecycle_repeats": lifecycle_repeats,
+        },
+        "cpu": cpu,
+        "otel_delta_us_per_tick": round(sdk - noop, 2) if noop and sdk else None,
+        "lifecycle": lifecycle,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a child process: prints one JSON line."""
+    parser = argparse.ArgumentParser(description="overhead child process")
+    parser.add_argument("role", choices=["cpu", "lifecycle"])
+    parser.add_argument("--scheduler", choices=CPU_SCHEDULERS, default="singletonjob")
+    parser.add_argument("--jobs", type=int, default=JOBS)
+    parser.add_argument("--period", type=float, default=PERIOD_S)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--window", type=float, default=4.0)
+    parser.add_argument("--url", default="memory://")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    child = cpu_child if args.role == "cpu" else lifecycle_child
+    say(json.dumps(asyncio.run(child(args))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

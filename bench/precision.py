@@ -1,0 +1,458 @@
+"""Tick precision: how late each tick starts, and whether the schedule drifts.
+
+One child process per (scheduler, period, load): a measured job every 10 ms, 100 ms or 500 ms
+whose body awaits for 20 % of the period, alone or beside 100 more jobs every 1 s (each
+awaiting 200 ms, all on the same instants, as jobs declared without an offset are). Lateness is
+``time.time()`` at the body's first instruction minus the tick's ideal instant. The children of
+one phase run at the same time, on instants shifted by a different offset each, so that all
+schedulers share the machine's conditions without waking together.
+
+Schedulers: fastapi-singletonjob (``fixed_rate``, ``memory://``), APScheduler 3
+(``AsyncIOScheduler``, interval trigger, ``max_instances=1``), fastapi-utils ``repeat_every``
+(or the canonical ``while True: await f(); await asyncio.sleep(s)`` when it is not installed),
+and a bare asyncio loop that sleeps until each grid instant: the floor any asyncio scheduler
+stands on.
+
+    python -m bench.precision child --scheduler singletonjob --period 0.01 --background 100 \\
+        --offset 0.00125 --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import math
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench._common import (
+    Child,
+    Json,
+    downsample,
+    optional,
+    percentile,
+    say,
+    spawn,
+    stats,
+    stop_children,
+)
+
+SCHEDULERS = ("singletonjob", "apscheduler", "repeat_every", "asyncio_floor", "asyncio_spin")
+SPIN_S = 0.0015
+BODY_FRACTION = 0.2
+BACKGROUND_JOBS = 100
+BACKGROUND_PERIOD_S = 1.0
+READY_TIMEOUT_S = 120.0
+DRIFT_POINTS = 211  # runs sampled for the drift slope (a prime: no beat with 1-in-100 spikes)
+
+Record = Callable[[float, float], None]
+
+
+# -- the child --------------------------------------------------------------------------------
+
+
+class Window:
+    """The measuring window [t0, t_end) and the measured job's runs inside it."""
+
+    def __init__(self, t0: float, t_end: float) -> None:
+        self.t0 = t0
+        self.t_end = t_end
+        self.ideal: list[float] = []
+        self.start: list[float] = []
+        self.lib_lateness: list[float] = []
+
+    def record(self, ideal: float, start: float) -> None:
+        if self.t0 <= ideal < self.t_end:
+            self.ideal.append(ideal)
+            self.start.append(start)
+
+
+async def _sleep_until(wall: float) -> None:
+    await asyncio.sleep(max(0.0, wall - time.time()))
+
+
+async def run_singletonjob(
+    period: float, offset: float, background: int, window: Window
+) -> dict[str, Any]:
+    from fastapi_singletonjob import JobContext, SingletonJobs
+
+    jobs = SingletonJobs(redis_url="memory://precision", project="bench-precision")
+    body_s = BODY_FRACTION * period
+
+    @jobs.fixed_rate("measured", every=period, offset=offset)
+    async def measured(ctx: JobContext) -> None:
+        start = time.time()
+        ideal = ctx.scheduled_at.timestamp()
+        window.record(ideal, start)
+        if window.t0 <= ideal < window.t_end:
+            window.lib_lateness.append((ctx.started_at - ctx.scheduled_at).total_seconds())
+        await asyncio.sleep(body_s)
+
+    async def other() -> None:
+        await asyncio.sleep(BODY_FRACTION * BACKGROUND_PERIOD_S)
+
+    for i in range(background):
+        jobs.fixed_rate(f"background-{i}", every=BACKGROUND_PERIOD_S, offset=offset)(other)
+    await jobs.start()
+    try:
+        await _sleep_until(window.t_end + 0.05)
+        stats_ = jobs.engine.runners["measured"].stats if jobs.engine else None
+        dropped = {k.value: v for k, v in stats_.dropped.items()} if stats_ else {}
+    finally:
+        await jobs.stop()
+    return {"label": "fastapi-singletonjob fixed_rate", "dropped": dropped}
+
+
+async def run_apscheduler(
+    period: float, offset: float, background: int, window: Window
+) -> dict[str, Any]:
+    asyncio_mod = optional("apscheduler.schedulers.asyncio")
+    events = optional("apscheduler.events")
+    if asyncio_mod is None or events is None:
+        raise SystemExit("apscheduler is not installed")
+    scheduler = asyncio_mod.AsyncIOScheduler(timezone=timezone.utc)
+    pending: collections.deque[float] = collections.deque()
+
+    def submitted(event: Any) -> None:
+        if event.job_id == "measured":
+            pending.extend(t.timestamp() for t in event.scheduled_run_times)
+
+    scheduler.add_listener(submitted, events.EVENT_JOB_SUBMITTED)
+    body_s = BODY_FRACTION * period
+
+    async def measured() -> None:
+        start = time.time()
+        window.record(pending.popleft() if pending else math.nan, start)
+        await asyncio.sleep(body_s)
+
+    async def other() -> None:
+        await asyncio.sleep(BODY_FRACTION * BACKGROUND_PERIOD_S)
+
+    first = datetime.fromtimestamp(window.t0 + offset, timezone.utc)
+    scheduler.add_job(
+        measured, "interval", seconds=period, start_date=first, id="measured", max_instances=1
+    )
+    for i in range(background):
+        scheduler.add_job(
+            other,
+            "interval",
+            seconds=BACKGROUND_PERIOD_S,
+            start_date=first,
+            id=f"background-{i}",
+            max_instances=1,
+        )
+    scheduler.start()
+    try:
+        await _sleep_until(window.t_end + 0.05)
+    finally:
+        scheduler.shutdown(wait=False)
+    version = optional("apscheduler")
+    return {"label": f"APScheduler {getattr(version, '__version__', '3')} interval"}
+
+
+def _repeat_every() -> tuple[Callable[..., Any], str]:
+    tasks = optional("fastapi_utils.tasks")
+    if tasks is not None:
+        return tasks.repeat_every, "fastapi-utils repeat_every"
+
+    def canonical(*, seconds: float, wait_first: float | None = None) -> Callable[..., Any]:
+        # The canonical loop, for when fastapi-utils is not installed.
+        def decorator(func: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+            async def start() -> None:
+                async def loop() -> None:
+                    if wait_first is not None:
+                        await asyncio.sleep(wait_first)
+                    while True:
+                        await func()
+                        await asyncio.sleep(seconds)
+
+                asyncio.ensure_future(loop())
+
+            return start
+
+        return decorator
+
+    return canonical, "canonical repeat_every loop (fastapi-utils not installed)"
+
+
+async def run_repeat_every(
+    period: float, offset: float, background: int, window: Window
+) -> dict[str, Any]:
+    repeat_every, label = _repeat_every()
+    body_s = BODY_FRACTION * period
+    first = window.t0 + offset
+
+    async def measured() -> None:
+        start = time.time()
+        # No grid: the ideal instant of run k is the first one plus k periods.
+        window.record(first + len(window.start) * period, start)
+        await asyncio.sleep(body_s)
+
+    async def other() -> None:
+        await asyncio.sleep(BODY_FRACTION * BACKGROUND_PERIOD_S)
+
+    before = set(asyncio.all_tasks())
+    await repeat_every(seconds=period, wait_first=first - time.time())(measured)()
+    for _ in range(background):
+        await repeat_every(seconds=BACKGROUND_PERIOD_S, wait_first=first - time.time())(other)()
+    try:
+        await _sleep_until(window.t_end + 0.05)
+    finally:
+        # repeat_every gives no handle to stop it: cancel the tasks it created.
+        for task in set(asyncio.all_tasks()) - before:
+            task.cancel()
+    return {"label": label}
+
+
+async def run_asyncio_floor(
+    period: float, offset: float, background: int, window: Window
+) -> dict[str, Any]:
+    async def loop(every: float, body_s: float, record: Record | None) -> None:
+        while True:
+            due = (math.floor((time.time() - offset) / every) + 1) * every + offset
+            await asyncio.sleep(due - time.time())
+            start = time.time()
+            if record is not None:
+                record(due, start)
+            await asyncio.sleep(body_s)
+
+    tasks = [asyncio.ensure_future(loop(period, BODY_FRACTION * period, window.record))]
+    tasks += [
+        asyncio.ensure_future(loop(BACKGROUND_PERIOD_S, BODY_FRACTION * BACKGROUND_PERIOD_S, None))
+        for _ in range(background)
+    ]
+    try:
+        await _sleep_until(window.t_end + 0.05)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return {"label": "bare asyncio loop sleeping until each grid instant"}
+
+
+async def run_asyncio_spin(
+    period: float, offset: float, background: int, window: Window
+) -> dict[str, Any]:
+    async def loop(every: float, body_s: float, record: Record | None) -> None:
+        while True:
+            due = (math.floor((time.time() - offset) / every) + 1) * every + offset
+            await asyncio.sleep(due - SPIN_S - time.time())
+            while time.time() < due:  # noqa: ASYNC110  (a spin on purpose: no epoll timeout)
+                await asyncio.sleep(0)  # yield to the other tasks, but do not block in epoll
+            start = time.time()
+            if record is not None:
+                record(due, start)
+            await asyncio.sleep(body_s)
+
+    tasks = [asyncio.ensure_future(loop(period, BODY_FRACTION * period, window.record))]
+    tasks += [
+        asyncio.ensure_future(
+            _plain_loop(BACKGROUND_PERIOD_S, BODY_FRACTION * BACKGROUND_PERIOD_S, offset)
+        )
+        for _ in range(background)
+    ]
+    try:
+        await _sleep_until(window.t_end + 0.05)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return {"label": f"asyncio loop: sleep to {SPIN_S * 1000:g} ms before, then yield-spin"}
+
+
+async def _plain_loop(every: float, body_s: float, offset: float) -> None:
+    while True:
+        due = (math.floor((time.time() - offset) / every) + 1) * every + offset
+        await asyncio.sleep(due - time.time())
+        await asyncio.sleep(body_s)
+
+
+PRELOAD = {
+    "singletonjob": ("fastapi_singletonjob",),
+    "apscheduler": ("apscheduler.schedulers.asyncio", "apscheduler.events"),
+    "repeat_every": ("fastapi_utils.tasks",),
+    "asyncio_floor": (),
+    "asyncio_spin": (),
+}
+
+
+RUNNERS = {
+    "singletonjob": run_singletonjob,
+    "apscheduler": run_apscheduler,
+    "repeat_every": run_repeat_every,
+    "asyncio_floor": run_asyncio_floor,
+    "asyncio_spin": run_asyncio_spin,
+}
+
+
+async def child(args: argparse.Namespace) -> Json:
+    """Say ready, take the window from stdin, run the scheduler through it, return the runs."""
+    for module in PRELOAD[args.scheduler]:
+        optional(module)  # import before "ready": a slow import must not eat into the window
+    say("ready")
+    loop = asyncio.get_running_loop()
+    line = await loop.run_in_executor(None, sys.stdin.readline)
+    t0, t_end = (float(x) for x in line.split())
+    window = Window(t0, t_end)
+    cpu: dict[str, float] = {}
+
+    async def meter() -> None:
+        await _sleep_until(t0)
+        cpu["start"] = time.process_time()
+        await _sleep_until(t_end)
+        cpu["end"] = time.process_time()
+
+    metering = asyncio.ensure_future(meter())
+    extra = await RUNNERS[args.scheduler](args.period, args.offset, args.background, window)
+    await metering
+    return {
+        **extra,
+        "ideal": window.ideal,
+        "start": window.start,
+        "lib_lateness": window.lib_lateness,
+        "cpu_s": cpu["end"] - cpu["start"],
+        "window_s": t_end - t0,
+    }
+
+
+# -- the parent -------------------------------------------------------------------------------
+
+
+def theil_sen(values: list[float]) -> float | None:
+    """Median of the pairwise slopes of ``values`` against their index (a robust trend that
+    a few late outliers do not move), on at most DRIFT_POINTS samples spread over the run."""
+    n = len(values)
+    if n < 2:
+        return None
+    count = min(n, DRIFT_POINTS)
+    index = sorted({round(i * (n - 1) / (count - 1)) for i in range(count)})
+    slopes = [
+        (values[b] - values[a]) / (b - a) for i, a in enumerate(index) for b in index[i + 1 :]
+    ]
+    return percentile(slopes, 50)
+
+
+def summarize(period: float, raw: Json, expected: int) -> Json:
+    """Lateness, interval error and drift of one child's runs, in milliseconds."""
+    ideal, start = raw["ideal"], raw["start"]
+    late_ms = [(s - i) * 1000 for i, s in zip(ideal, start, strict=True) if not math.isnan(i)]
+    gaps_ms = [(b - a - period) * 1000 for a, b in zip(start, start[1:], strict=False)]
+    slope = theil_sen(late_ms)
+    drift = None if slope is None else slope * (len(late_ms) - 1)
+    per_1000 = None if slope is None else slope * 1000
+    result: Json = {
+        "label": raw["label"],
+        "runs": len(start),
+        "expected": expected,
+        "lateness_ms": stats(late_ms),
+        "interval_error_ms": stats(gaps_ms),
+        "drift_ms": None if drift is None else round(drift, 3),
+        "drift_per_1000_ticks_ms": None if per_1000 is None else round(per_1000, 3),
+        "cpu_ms_per_s": round(raw["cpu_s"] / raw["window_s"] * 1000, 2),
+        "series_ms": downsample(late_ms),
+    }
+    if raw.get("lib_lateness"):
+        result["library_lateness_ms"] = stats([x * 1000 for x in raw["lib_lateness"]])
+    if "dropped" in raw:
+        result["dropped"] = raw["dropped"]
+    return result
+
+
+def _phase(
+    periods: tuple[float, ...], duration_s: int, schedulers: list[str], workdir: Path
+) -> list[Json]:
+    plan = [
+        (scheduler, period, background)
+        for period in periods
+        for background in (0, BACKGROUND_JOBS)
+        for scheduler in schedulers
+    ]
+    spacing = min(periods) / len(plan)
+    children: list[tuple[Child, Path, str, float, int, float]] = []
+    try:
+        for i, (scheduler, period, background) in enumerate(plan):
+            offset = round(i * spacing, 6)
+            out = workdir / f"precision-{scheduler}-{period}-{background}.json"
+            args = [
+                "child",
+                *("--scheduler", scheduler, "--period", str(period)),
+                *("--background", str(background), "--offset", str(offset), "--out", str(out)),
+            ]
+            log = workdir / f"precision-{scheduler}-{period}-{background}.log"
+            child_ = spawn(f"{scheduler}@{period}/{background}", "bench.precision", args, log)
+            children.append((child_, out, scheduler, period, background, offset))
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for child_, *_ in children:
+            child_.expect("ready")
+            if time.monotonic() > deadline:
+                raise RuntimeError("precision children took too long to start")
+        t0 = math.ceil(time.time() + 1.5)
+        t_end = t0 + duration_s
+        for child_, *_ in children:
+            child_.send(f"{t0} {t_end}")
+        results = []
+        for child_, out, scheduler, period, background, offset in children:
+            child_.expect("done")
+            raw = json_load(out)
+            expected = math.ceil((duration_s - offset) / period - 1e-9)
+            summary = summarize(period, raw, expected)
+            summary.update(
+                scheduler=scheduler, period_ms=round(period * 1000), background=background
+            )
+            summary["offset_ms"] = round(offset * 1000, 3)
+            results.append(summary)
+        return results
+    finally:
+        stop_children([c[0] for c in children])
+
+
+def json_load(path: Path) -> Json:
+    data: Json = json.loads(path.read_text())
+    return data
+
+
+def run(quick: bool, workdir: Path) -> Json:
+    """Run both phases; return the summaries."""
+    schedulers = [s for s in SCHEDULERS if s != "apscheduler" or optional("apscheduler")]
+    fast_s, slow_s = (6, 5) if quick else (100, 60)
+    started = time.monotonic()
+    results = _phase((0.01,), fast_s, schedulers, workdir)
+    results += _phase((0.1, 0.5), slow_s, schedulers, workdir)
+    return {
+        "settings": {
+            "body_fraction": BODY_FRACTION,
+            "background_jobs": BACKGROUND_JOBS,
+            "background_period_s": BACKGROUND_PERIOD_S,
+            "window_s": {"10": fast_s, "100": slow_s, "500": slow_s},
+            "store": "memory://",
+            "drift_points": DRIFT_POINTS,
+            "concurrent_children": {"10": 2 * len(schedulers), "100+500": 4 * len(schedulers)},
+        },
+        "schedulers": schedulers,
+        "results": results,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a child process."""
+    parser = argparse.ArgumentParser(description="tick-precision child process")
+    parser.add_argument("role", choices=["child"])
+    parser.add_argument("--scheduler", choices=SCHEDULERS, required=True)
+    parser.add_argument("--period", type=float, required=True)
+    parser.add_argument("--background", type=int, default=0)
+    parser.add_argument("--offset", type=float, default=0.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    result = asyncio.run(child(args))
+    args.out.write_text(json.dumps(result))
+    say("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
