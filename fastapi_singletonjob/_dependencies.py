@@ -207,11 +207,20 @@ class _Holder:
 
 
 def _reject_request_parameters(job: str, func: Callable[..., Any], dependant: Dependant) -> None:
+    unresolved = {
+        name: text for name, text in _annotations(func).items() if isinstance(text, str)
+    }
     for owner, field, what in _request_needs(dependant, _name(func)):
+        hint = ""
+        if owner == _name(func) and field in unresolved:
+            hint = (
+                f" (its annotation {unresolved[field]!r} could not be evaluated, so a Depends "
+                "inside it was not seen: define or import the names it uses at module level)"
+            )
         raise ConfigurationError(
             f"parameter {field!r} of {owner} would be {what} of an HTTP request, but jobs run "
             "outside requests; use Depends(...) with a dependency that needs no request, or "
-            "JobContext",
+            f"JobContext{hint}",
             job=job,
             field=field,
         )

@@ -576,3 +576,23 @@ def test_a_dependency_declaring_a_bare_job_context_points_to_job_context() -> No
         @jobs.interval("j", every=1)
         async def j(x: str = Depends(needs)) -> None:
             pass
+
+
+def test_an_unresolvable_annotation_is_named_in_the_error() -> None:
+    class Feed:
+        pass
+
+    def get_feed() -> Feed:
+        return Feed()
+
+    jobs = SingletonJobs("memory://unresolved", project="p")
+    with pytest.raises(ConfigurationError) as raised:
+
+        @jobs.interval("feed", every=1)
+        async def feed_job(feed: "Annotated[Feed, Depends(get_feed)]") -> None:
+            pass
+
+    message = str(raised.value)
+    assert "parameter 'feed'" in message
+    assert "'Annotated[Feed, Depends(get_feed)]' could not be evaluated" in message
+    assert "at module level" in message
