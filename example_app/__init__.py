@@ -1,5 +1,9 @@
-"""A minimal FastAPI service with one job of each schedule shape.
+"""The example service: three singleton jobs with FastAPI dependencies, and the status router.
 
-Run it with ``python -m example_app`` (see ``__main__.py``) or ``uvicorn example_app.main:app``.
+- ``python -m example_app`` (``__main__.py``) or ``uvicorn example_app.main:app`` serves it;
+- ``python -m example_app.demo`` (``demo.py``) runs a local Redis and three replicas of it, and
+  shows the handovers live (``cluster.py`` starts the processes, ``viewer.py`` polls them,
+  ``screen.py`` draws).
+
 Importing this package builds nothing: the app lives in :mod:`example_app.main`.
 """

@@ -1,7 +1,7 @@
 """Time sources, injected everywhere instead of read from globals.
 
 Deadlines (lease validity, timeouts) live on a monotonic clock; wall time is used only for
-schedule anchors and for display. Tests pass :class:`fastapi_singletonjob.testing.FakeClock`.
+schedule anchors and for display. Tests pass ``fastapi_singletonjob.testing.FakeClock``.
 """
 
 from __future__ import annotations
@@ -51,17 +51,17 @@ class SystemClock:
         self._clock_id = _monotonic_source()
 
     def monotonic(self) -> float:
-        """See :meth:`Clock.monotonic`."""
+        """See ``Clock.monotonic``."""
         if self._clock_id is None:
             return time.monotonic()
         return time.clock_gettime(self._clock_id)
 
     def now(self) -> datetime:
-        """See :meth:`Clock.now`."""
+        """See ``Clock.now``."""
         return datetime.now(timezone.utc)
 
     async def sleep(self, seconds: float) -> None:
-        """See :meth:`Clock.sleep`."""
+        """See ``Clock.sleep``."""
         await asyncio.sleep(max(seconds, 0.0))
 
     def __repr__(self) -> str:

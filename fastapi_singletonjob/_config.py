@@ -1,6 +1,6 @@
 """Settings: explicit arguments, then ``SINGLETONJOB_*`` environment variables, then defaults.
 
-Everything is validated here, once, when :class:`~fastapi_singletonjob.SingletonJobs` is built;
+Everything is validated here, once, when ``SingletonJobs`` is built;
 an error names the field, the bad value and the fix. Durations are accepted as
 ``datetime.timedelta`` or seconds (``int``/``float``) and normalised to float seconds.
 """
@@ -140,7 +140,7 @@ def _env_duration(env: Mapping[str, str], name: str) -> float | None:
 
 @dataclass(frozen=True)
 class Settings:
-    """Validated process-wide settings of one :class:`SingletonJobs`."""
+    """Validated process-wide settings of one ``SingletonJobs``."""
 
     project: str
     node_id: str

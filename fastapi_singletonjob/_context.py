@@ -14,9 +14,9 @@ __all__ = ["JobContext"]
 class JobContext:
     """Facts about one run of a job, passed to a parameter annotated ``JobContext``.
 
-    Use :attr:`fencing_token` to make downstream writes reject a stale leader (store it with
-    the write and refuse writes that carry a smaller token), and check :attr:`is_leader` or
-    :attr:`leadership_lost` in long runs to stop early once the lease is gone.
+    Use ``fencing_token`` to make downstream writes reject a stale leader (store it with
+    the write and refuse writes that carry a smaller token), and check ``is_leader`` or
+    ``leadership_lost`` in long runs to stop early once the lease is gone.
     """
 
     job: str

@@ -3,7 +3,7 @@
 A job function is declared like a route: ``Depends(...)`` and ``Annotated[..., Depends(...)]``
 parameters, sync or async, nested, cached per run, ``yield`` dependencies entered before the
 run and closed after it (also when it fails or is cancelled), and
-``app.dependency_overrides`` honoured. A parameter annotated :class:`JobContext` receives the
+``app.dependency_overrides`` honoured. A parameter annotated ``JobContext`` receives the
 run's context. Everything that only an HTTP request can supply (path, query, header, cookie or
 body parameters without a default, ``Request``, ``Response``, ``BackgroundTasks``...) is
 rejected when the job is registered, with the job and the parameter named; a plain parameter
@@ -52,7 +52,7 @@ _REQUEST_OBJECTS = {
 
 
 async def job_context() -> JobContext:
-    """A dependency that gives the current run's :class:`JobContext`, for use inside your
+    """A dependency that gives the current run's ``JobContext``, for use inside your
     own dependencies: ``ctx: Annotated[JobContext, Depends(job_context)]``. (A job function
     itself just annotates a parameter ``JobContext``.) It is ``async`` so that FastAPI
     resolves it on the event loop, without a thread hop."""
@@ -207,9 +207,7 @@ class _Holder:
 
 
 def _reject_request_parameters(job: str, func: Callable[..., Any], dependant: Dependant) -> None:
-    unresolved = {
-        name: text for name, text in _annotations(func).items() if isinstance(text, str)
-    }
+    unresolved = {name: text for name, text in _annotations(func).items() if isinstance(text, str)}
     for owner, field, what in _request_needs(dependant, _name(func)):
         hint = ""
         if owner == _name(func) and field in unresolved:

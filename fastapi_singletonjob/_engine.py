@@ -116,7 +116,7 @@ class Engine:
 
     async def abort(self) -> None:
         """Cancel whatever still runs (schedule loops, runs, election), bounded in time: the
-        last resort when :meth:`stop` failed or was cancelled, so that nothing keeps renewing
+        last resort when ``stop`` failed or was cancelled, so that nothing keeps renewing
         leases or starting runs behind the application's back."""
         runs = [runner.current for runner in self.runners.values()]
         await _abort_tasks([*self._loops, *runs, self._election])

@@ -64,7 +64,7 @@ class SingletonJobs:
     :param max_backoff: cap of the retry delay while the store is unreachable (30 s).
     :param shutdown_timeout: how long shutdown lets runs in flight finish before cancelling
         them (10 s).
-    :param clock: a :class:`~fastapi_singletonjob.testing.FakeClock` in tests; default the
+    :param clock: a ``FakeClock`` in tests; default the
         system clock.
     :param tracer_provider: OpenTelemetry tracer provider; default the global one.
     :param meter_provider: OpenTelemetry meter provider; default the global one.
@@ -145,7 +145,7 @@ class SingletonJobs:
         """The status API and health probes: ``app.include_router(jobs.router, prefix=...)``.
 
         ``GET /jobs``, ``GET /jobs/{name}``, ``GET /health`` (readiness) and
-        ``GET /health/live`` (liveness); see :mod:`fastapi_singletonjob._router`.
+        ``GET /health/live`` (liveness); see ``fastapi_singletonjob._router``.
         """
         return create_router(self)
 

@@ -103,7 +103,7 @@ class RedisLeaseStore:
         self._channel = _keys.release_channel(project)
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
-        """See :meth:`LeaseStore.elect`: one ``EVALSHA`` for all jobs."""
+        """See ``LeaseStore.elect``: one ``EVALSHA`` for all jobs."""
         keys: list[str] = []
         args: list[str | int] = [node_id]
         for request in requests:
@@ -124,7 +124,7 @@ class RedisLeaseStore:
         return replies
 
     async def release(self, node_id: str, values: dict[str, str]) -> int:
-        """See :meth:`LeaseStore.release`: one script call, which also publishes the notice."""
+        """See ``LeaseStore.release``: one script call, which also publishes the notice."""
         if not values:
             return 0
         keys = [_keys.lock_key(self._project, job) for job in values]
@@ -132,13 +132,13 @@ class RedisLeaseStore:
         return int(released)
 
     async def claim(self, job: str, value: str, instant_us: int) -> int:
-        """See :meth:`LeaseStore.claim`: one script call."""
+        """See ``LeaseStore.claim``: one script call."""
         keys = [_keys.lock_key(self._project, job), _keys.last_key(self._project, job)]
         result: int = await self._claim(keys=keys, args=[value, instant_us])
         return int(result)
 
     async def listen_releases(self, on_release: Callable[[], None]) -> None:
-        """See :meth:`LeaseStore.listen_releases`: a pub/sub subscription on its own connection."""
+        """See ``LeaseStore.listen_releases``: a pub/sub subscription on its own connection."""
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(self._channel)
@@ -167,7 +167,7 @@ class RedisLeaseStore:
             )
 
     async def ping(self) -> None:
-        """See :meth:`LeaseStore.ping`."""
+        """See ``LeaseStore.ping``."""
         await self._redis.ping()
 
     async def aclose(self) -> None:

@@ -1,8 +1,8 @@
 """The lease store: the one small interface the election needs from a backend.
 
-Two implementations run through the same behavioural tests: :class:`RedisLeaseStore` (in
-``_redis_store.py``) for real deployments, and :class:`MemoryLeaseStore` here, which coordinates
-the :class:`SingletonJobs` instances of one process (``memory://``) and runs on the injected
+Two implementations run through the same behavioural tests: ``RedisLeaseStore`` (in
+``_redis_store.py``) for real deployments, and ``MemoryLeaseStore`` here, which coordinates
+the ``SingletonJobs`` instances of one process (``memory://``) and runs on the injected
 clock, so that users' unit tests and the library's own timing tests need no server.
 """
 
@@ -118,7 +118,7 @@ class MemoryLeaseStore:
         return f"{self._project}\x00{job}"
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
-        """See :meth:`LeaseStore.elect`."""
+        """See ``LeaseStore.elect``."""
         now = self._clock.monotonic()
         replies = []
         for request in requests:
@@ -142,7 +142,7 @@ class MemoryLeaseStore:
         return replies
 
     async def release(self, node_id: str, values: dict[str, str]) -> int:
-        """See :meth:`LeaseStore.release`."""
+        """See ``LeaseStore.release``."""
         released = 0
         for job, value in values.items():
             key = self._key(job)
@@ -156,7 +156,7 @@ class MemoryLeaseStore:
         return released
 
     async def claim(self, job: str, value: str, instant_us: int) -> int:
-        """See :meth:`LeaseStore.claim`."""
+        """See ``LeaseStore.claim``."""
         key = self._key(job)
         current = self._data.locks.get(key)
         await asyncio.sleep(0)
@@ -168,7 +168,7 @@ class MemoryLeaseStore:
         return 1
 
     async def listen_releases(self, on_release: Callable[[], None]) -> None:
-        """See :meth:`LeaseStore.listen_releases`."""
+        """See ``LeaseStore.listen_releases``."""
         self._data.listeners.add(on_release)
         try:
             await asyncio.Event().wait()
@@ -176,10 +176,10 @@ class MemoryLeaseStore:
             self._data.listeners.discard(on_release)
 
     async def ping(self) -> None:
-        """See :meth:`LeaseStore.ping`."""
+        """See ``LeaseStore.ping``."""
 
     async def aclose(self) -> None:
-        """See :meth:`LeaseStore.aclose`."""
+        """See ``LeaseStore.aclose``."""
 
     def delete_lock(self, job: str) -> None:
         """Drop ``job``'s lock as an operator's ``DEL`` would (for tests)."""

@@ -39,11 +39,11 @@ class FakeClock:
         self._order = itertools.count()
 
     def monotonic(self) -> float:
-        """Monotonic seconds; moves only in :meth:`advance`."""
+        """Monotonic seconds; moves only in ``advance``."""
         return self._monotonic
 
     def now(self) -> datetime:
-        """Wall-clock time: the start, plus the time advanced, plus any :meth:`jump_wall`."""
+        """Wall-clock time: the start, plus the time advanced, plus any ``jump_wall``."""
         elapsed = timedelta(seconds=self._monotonic - self._monotonic_start)
         return self._wall_start + elapsed + self._wall_shift
 
@@ -63,7 +63,7 @@ class FakeClock:
     def stall(self, seconds: float) -> None:
         """Move time forward without waking anyone, as when the event loop is blocked (a
         sync call inside ``async def``, a GC pause, SIGSTOP): sleepers that are now due wake
-        at the next :meth:`advance`, late, all at once."""
+        at the next ``advance``, late, all at once."""
         if seconds < 0:
             raise ValueError("time cannot go backwards")
         self._monotonic += seconds
