@@ -97,6 +97,8 @@ class Lease:
     """Monotonic time of the request that last reported on this lock."""
     terms: int = 0
     wanted: bool = True
+    acquire_error: str | None = None
+    """Why the last attempt to acquire the free lock failed, if it did."""
     """False once the job has stopped for good: its lease is no longer requested."""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     """The current term's "leadership lost" signal; a fresh event per term."""
@@ -195,9 +197,14 @@ class Elector:
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Run election rounds until cancelled; set ``ready`` once the loop is going."""
-        listener = asyncio.create_task(
-            self._listen(), name=f"singletonjob {self.node_id} release listener"
-        )
+        helpers = [
+            asyncio.create_task(
+                self._listen(), name=f"singletonjob {self.node_id} release listener"
+            ),
+            asyncio.create_task(
+                self._watch_deadlines(), name=f"singletonjob {self.node_id} lease deadlines"
+            ),
+        ]
         try:
             if ready is not None:
                 ready.set()
@@ -205,15 +212,28 @@ class Elector:
                 delay = await self.round()
                 await self._pause(delay)
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
+
+    async def _watch_deadlines(self) -> None:
+        # Ends each term at its deadline even while a round is waiting on a slow store, so
+        # that runs with on_leadership_lost="cancel" stop on time, whatever the round does.
+        while True:
+            self._expire()
+            now = self._clock.monotonic()
+            left = [x.deadline - now for x in self.leases.values() if x.token is not None]
+            await self._clock.sleep(min([self._heartbeat_s, *(max(d, 0.0) for d in left)]))
 
     async def round(self) -> float:
         """One acquire-or-renew round for all leases; returns the delay until the next."""
         self._expire()
         requests = [
-            LeaseRequest(lease.job, lease.ttl_s) for lease in self.leases.values() if lease.wanted
+            LeaseRequest(lease.job, lease.ttl_s, lease.value if lease.token is not None else None)
+            for lease in self.leases.values()
+            if lease.wanted
         ]
         sent_at = self._clock.monotonic()
         try:
@@ -238,12 +258,13 @@ class Elector:
         self._expire()
         return self._delay()
 
-    def _call_timeout(self, now: float) -> float:
-        # A call may not outlive the earliest lease it renews: past that deadline its answer
-        # is useless, and the term must end on time.
-        left = [lease.deadline - now for lease in self.leases.values() if lease.token is not None]
-        positive = [s for s in left if s > 0]
-        return min([self._heartbeat_s, *positive])
+    def _call_timeout(self, sent_at: float) -> float:
+        # An answer is useful only while the leases it grants are: past the deadline of the
+        # longest of them it grants nothing. Terms end at their own deadlines meanwhile
+        # (_watch_deadlines), so a slow store cannot keep a stale leader going; and a round
+        # trip longer than a heartbeat still renews.
+        ttl_s = max((lease.ttl_s for lease in self.leases.values()), default=self._heartbeat_s)
+        return max(lease_deadline(sent_at, ttl_s) - sent_at, self._heartbeat_s / 10)
 
     def _on_success(self, sent_at: float, replies: list[LeaseReply]) -> None:
         if self.failures:
@@ -263,8 +284,17 @@ class Elector:
         previous = (lease.observed_at, lease.holder_ttl_s)
         lease.holder, lease.holder_token = node_of(reply.holder), reply.token
         lease.observed_at = sent_at
+        if reply.error is not None:
+            if reply.error != lease.acquire_error:
+                logger.warning(
+                    "node %s could not acquire job %r: %s", self.node_id, lease.job, reply.error
+                )
+            lease.acquire_error = reply.error
+        else:
+            lease.acquire_error = None
         if not reply.held:
-            if lease.holder == self.node_id and not self._warned_twin:
+            twin = reply.holder != self.owner and lease.holder == self.node_id
+            if twin and not self._warned_twin:
                 self._warned_twin = True
                 logger.warning(
                     "another instance uses node id %r too; give each replica its own node_id "

@@ -111,16 +111,19 @@ class RedisLeaseStore:
                 _keys.lock_key(self._project, request.job),
                 _keys.fence_key(self._project, request.job),
             )
-            args.append(max(1, round(request.ttl_s * 1000)))
+            args += (max(1, round(request.ttl_s * 1000)), request.held or "")
         raw: list[Any] = await self._elect(keys=keys, args=args)
         if not self._checked_policy:
             self._checked_policy = True
             await self._warn_if_evicting()
         replies = []
         for i, request in enumerate(requests):
-            held, value, ttl_ms = raw[3 * i : 3 * i + 3]
+            status, value, ttl_ms = raw[3 * i : 3 * i + 3]
+            if int(status) < 0:  # the free lock could not be written: value is the error
+                replies.append(LeaseReply(request.job, False, None, None, _text(value)))
+                continue
             ttl_s = None if int(ttl_ms) < 0 else int(ttl_ms) / 1000
-            replies.append(LeaseReply(request.job, int(held) == 1, _text(value), ttl_s))
+            replies.append(LeaseReply(request.job, int(status) == 1, _text(value), ttl_s))
         return replies
 
     async def release(self, node_id: str, values: dict[str, str]) -> int:

@@ -410,10 +410,15 @@ class JobRunner:
             # Last check, with no suspension point between it and the job's first instruction.
             if not ctx.is_leader:
                 raise _NotStarted
-            if self.spec.is_async:
-                await self.spec.func(**kwargs)
-            else:
-                await self._in_thread(ctx, kwargs)
+            try:
+                if self.spec.is_async:
+                    await self.spec.func(**kwargs)
+                else:
+                    await self._in_thread(ctx, kwargs)
+            except (SystemExit, KeyboardInterrupt) as exc:
+                # Let through, these would stop the event loop and so the whole service:
+                # a job's sys.exit() is a failed run, nothing more.
+                raise _Escaped(exc) from exc
 
     async def _in_thread(self, ctx: JobContext, kwargs: dict[str, Any]) -> None:
         loop = asyncio.get_running_loop()
@@ -435,10 +440,20 @@ class JobRunner:
             raise
 
 
+class _Escaped(Exception):
+    """A job raised ``SystemExit`` or ``KeyboardInterrupt``; carried as a failure."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__}: {original}")
+        self.original = original
+
+
 class _NotStarted(Exception):
     """The lease ran out between the tick and the start of the job's code."""
 
 
 def _summary(exc: BaseException, limit: int = 300) -> str:
+    if isinstance(exc, _Escaped):
+        exc = exc.original
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -13,27 +13,33 @@ __all__ = ["CLAIM", "ELECT", "RELEASE"]
 # Acquire or renew the leases of several jobs for one node, in one round trip.
 #
 # KEYS[2i-1] - lock key of job i       KEYS[2i] - fence key of job i
-# ARGV[1]    - owner id of the caller  ARGV[1+i] - lease time of job i, in milliseconds
+# ARGV[1]    - owner id of the caller
+# ARGV[2i]   - lease time of job i, in milliseconds
+# ARGV[2i+1] - the exact lock value the caller holds for job i in its current term, or ""
 #
 # For each job, in order, returns three values:
-#   1 if the caller holds the lock after the call (acquired or renewed), else 0;
-#   the lock's value "<token>|<holder>" after the call;
-#   the lock's remaining time to live in milliseconds (-1: the key has no expiry).
+#   1 if the caller holds the lock after the call (acquired or renewed), 0 if not, -1 if
+#   acquiring failed (the error message then comes second, e.g. OOM under noeviction);
+#   the lock's value "<token>|<holder>" after the call (or the error message);
+#   the lock's remaining time to live in milliseconds (-1: no expiry, or an error).
 #
-# A free lock starts a new term whose token is max(last token + 1, server time in µs). The
-# server-time floor keeps tokens growing when the fence key was lost (restart without
-# persistence, FLUSHALL) as long as the server clock does not step back.
+# Only the exact value of the caller's current term is renewed: a lock of the caller's that
+# outlived a term the caller already ended (a lost reply) is left to expire, so that a node
+# which stepped down never keeps its old lock alive. A free lock starts a new term whose token
+# is max(last token + 1, server time in µs); the server-time floor keeps tokens growing when
+# the fence key was lost (restart without persistence, FLUSHALL) as long as the server clock
+# does not step back. The acquisition writes use pcall: when Redis refuses writes (OOM under
+# noeviction), held locks are still renewed (PEXPIRE is allowed) and only that job reports it.
 ELECT = """
 local owner = ARGV[1]
 local out = {}
 local now_us = nil
 for i = 1, #KEYS / 2 do
-  local lock, fence, ttl = KEYS[2 * i - 1], KEYS[2 * i], ARGV[1 + i]
+  local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
+  local ttl, held = ARGV[2 * i], ARGV[2 * i + 1]
   local value = redis.call('GET', lock)
   if value then
-    local sep = string.find(value, '|', 1, true)
-    local holder = sep and string.sub(value, sep + 1) or value
-    if holder == owner then
+    if value == held then
       redis.call('PEXPIRE', lock, ttl)
       table.insert(out, 1)
       table.insert(out, value)
@@ -50,12 +56,18 @@ for i = 1, #KEYS / 2 do
     end
     local last = tonumber(redis.call('GET', fence)) or 0
     local token = string.format('%.0f', math.max(last + 1, now_us))
-    redis.call('SET', fence, token)
     value = token .. '|' .. owner
-    redis.call('SET', lock, value, 'PX', ttl)
-    table.insert(out, 1)
-    table.insert(out, value)
-    table.insert(out, tonumber(ttl))
+    local written = redis.pcall('SET', lock, value, 'PX', ttl)
+    if type(written) == 'table' and written.err then
+      table.insert(out, -1)
+      table.insert(out, written.err)
+      table.insert(out, -1)
+    else
+      redis.pcall('SET', fence, token)
+      table.insert(out, 1)
+      table.insert(out, value)
+      table.insert(out, tonumber(ttl))
+    end
   end
 end
 return out

@@ -21,10 +21,15 @@ __all__ = ["LeaseReply", "LeaseRequest", "LeaseStore", "MemoryLeaseStore", "pars
 
 @dataclass(frozen=True)
 class LeaseRequest:
-    """Acquire or renew the lease of ``job`` for ``ttl_s`` seconds."""
+    """Acquire or renew the lease of ``job`` for ``ttl_s`` seconds.
+
+    ``held`` is the exact lock value of the caller's current term, if it has one: only that
+    value is renewed, so a lock the caller kept from a term it already ended expires.
+    """
 
     job: str
     ttl_s: float
+    held: str | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class LeaseReply:
     """The lock's value, ``"<token>|<owner id>"``, or None when nobody holds it."""
     ttl_s: float | None
     """Time the lock has left per the store, None when it has no expiry."""
+    error: str | None = None
+    """Why a free lock could not be acquired (for example Redis out of memory)."""
 
     @property
     def token(self) -> int | None:
@@ -126,18 +133,18 @@ class MemoryLeaseStore:
             current = self._data.locks.get(key)
             if current is not None and current[1] <= now:
                 current = None
+            held = False
             if current is None:
                 token = self._data.fences.get(key, 0) + 1
                 self._data.fences[key] = token
                 current = (f"{token}|{node_id}", now + request.ttl_s)
                 self._data.locks[key] = current
-            elif parse_lock_value(current[0])[1] == node_id:
+                held = True
+            elif current[0] == request.held:
                 current = (current[0], now + request.ttl_s)
                 self._data.locks[key] = current
-            holder = parse_lock_value(current[0])[1]
-            replies.append(
-                LeaseReply(request.job, holder == node_id, current[0], max(current[1] - now, 0.0))
-            )
+                held = True
+            replies.append(LeaseReply(request.job, held, current[0], max(current[1] - now, 0.0)))
         await asyncio.sleep(0)  # a real store is a suspension point too
         return replies
 

@@ -65,8 +65,10 @@ async def case(request: pytest.FixtureRequest, unique_project: str) -> AsyncIter
             await store.aclose()
 
 
-async def elect_one(store: LeaseStore, node: str, ttl_s: float = TTL_S) -> LeaseReply:
-    [reply] = await store.elect(node, [LeaseRequest("job", ttl_s)])
+async def elect_one(
+    store: LeaseStore, node: str, ttl_s: float = TTL_S, held: str | None = None
+) -> LeaseReply:
+    [reply] = await store.elect(node, [LeaseRequest("job", ttl_s, held)])
     return reply
 
 
@@ -96,7 +98,7 @@ async def test_renew_keeps_token_and_resets_ttl(case: Case) -> None:
     await asyncio.sleep(0.3)  # let the lease run down, to see the renewal restore it
     before = await elect_one(case.store, "n2", ttl_s=2.0)
 
-    renewed = await elect_one(case.store, "n1", ttl_s=2.0)
+    renewed = await elect_one(case.store, "n1", ttl_s=2.0, held=first.value)
     after = await elect_one(case.store, "n2", ttl_s=2.0)
 
     assert renewed.held and renewed.token == first.token and renewed.value == first.value
@@ -104,6 +106,17 @@ async def test_renew_keeps_token_and_resets_ttl(case: Case) -> None:
     assert before.ttl_s is not None and after.ttl_s is not None
     assert before.ttl_s <= 2.0 - 0.3 + MS
     assert after.ttl_s > before.ttl_s  # the renewal moved the expiry later
+
+
+async def test_a_lock_from_an_ended_term_is_not_renewed(case: Case) -> None:
+    """A node that stepped down (say its renewal's reply was lost) asks without a held value:
+    its old lock must run out, not be kept alive by the node that no longer acts on it."""
+    first = await elect_one(case.store, "n1", ttl_s=0.5)
+    await asyncio.sleep(0.2)
+    again = await elect_one(case.store, "n1", ttl_s=0.5)  # no held value: the term ended
+    assert not again.held
+    assert again.value == first.value
+    assert again.ttl_s is not None and again.ttl_s <= 0.5 - 0.2 + MS
 
 
 async def test_other_node_sees_holder_and_ttl(case: Case) -> None:
@@ -271,7 +284,9 @@ async def test_redis_script_flush_is_survived(
     first = await elect_one(store, "n1")
     with redis_server.client() as client:
         client.script_flush()
-        renewed = await elect_one(store, "n1")  # NOSCRIPT, then the script is sent again
+        renewed = await elect_one(
+            store, "n1", held=first.value
+        )  # NOSCRIPT, then the script is sent again
         assert renewed.held and renewed.token == first.token
         client.script_flush()
         assert renewed.value is not None
@@ -314,10 +329,11 @@ async def test_redis_one_round_trip_elects_all_jobs(
     store = RedisLeaseStore(unique_project, url=server.url)
     requests = [LeaseRequest(f"job-{i}", TTL_S) for i in range(20)]
     try:
-        await store.elect("n1", requests)  # connects and loads the script
+        first = await store.elect("n1", requests)  # connects and loads the script
+        renewals = [LeaseRequest(r.job, TTL_S, r.value) for r in first]
         with server.client() as client:
             before = _calls(client)
-            replies = await store.elect("n1", requests)
+            replies = await store.elect("n1", renewals)
             after = _calls(client)
     finally:
         await store.aclose()

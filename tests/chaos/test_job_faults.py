@@ -29,24 +29,8 @@ async def two_replicas(
     "behavior",
     [
         "raise",
-        pytest.param(
-            "system_exit",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="library bug: a SystemExit (subclass) raised by a job escapes the "
-                "runner and stops the event loop: the whole replica exits "
-                "(docs/reliability.md, row 26)",
-            ),
-        ),
-        pytest.param(
-            "keyboard_interrupt",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="library bug: a KeyboardInterrupt (subclass) raised by a job escapes "
-                "the runner and stops the event loop: the whole replica exits "
-                "(docs/reliability.md, row 26)",
-            ),
-        ),
+        "system_exit",
+        "keyboard_interrupt",
     ],
 )
 async def test_row26_job_raises_on_every_run(

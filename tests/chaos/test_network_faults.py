@@ -147,16 +147,7 @@ async def proxied_leader_without_handshake(cluster: Cluster, timing: Timing) -> 
     "max_backoff",
     [
         1.0,
-        pytest.param(
-            0.2,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="library bug: with max_backoff + heartbeat < lock_expiry and a client "
-                "that reconnects without a handshake, a leader whose replies are lost keeps "
-                "renewing its own lock as a follower, and no node runs the job for as long "
-                "as the partition lasts (docs/reliability.md, row 9b)",
-            ),
-        ),
+        0.2,
     ],
 )
 @full_only
@@ -224,12 +215,6 @@ async def test_row10_connection_resets(cluster: Cluster, record: Results, rep: i
     assert longest <= 2 * EVERY_S + TOL_S
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: each election call times out after one heartbeat, so a round trip "
-    "longer than the heartbeat (but well inside the lease) fails every round and no node "
-    "can lead (docs/reliability.md, row 11)",
-)
 async def test_row11_latency_twice_the_heartbeat(cluster: Cluster, record: Results) -> None:
     t = cluster.timing
     cluster.redis()
