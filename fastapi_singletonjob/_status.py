@@ -221,8 +221,12 @@ def liveness(jobs: SingletonJobs) -> str | None:
     if task is None or task.done():
         return "the election loop has stopped"
     settings = jobs.settings
-    # The longest a healthy loop can take between rounds: one call, one full backoff.
-    wedged_after_s = 2 * (settings.heartbeat_interval_s + settings.max_backoff_s)
+    # The longest a healthy loop can take between rounds is one call (bounded by the longest
+    # lease) and one full backoff; twice that leaves room.
+    longest_lease_s = max(
+        (lease.ttl_s for lease in engine.elector.leases.values()), default=settings.lock_expiry_s
+    )
+    wedged_after_s = 2 * (max(longest_lease_s, settings.lock_expiry_s) + settings.max_backoff_s)
     last = engine.elector.last_round_at or engine.started_at
     age = jobs.clock.monotonic() - last
     if age > wedged_after_s:

@@ -41,9 +41,9 @@ EXIT_S = 10.0
 HANDOVER_S = 2.0
 UNREADY_S = LOCK_EXPIRY_S + 1.0
 READY_AGAIN_S = MAX_BACKOFF_S + 2.0
-# Longer than the liveness probe's "wedged" threshold, 2 * (heartbeat + max backoff), so that
+# Longer than the liveness probe's "wedged" threshold, 2 * (lock expiry + max backoff), so that
 # a liveness probe that depended on Redis (directly or through the last success) would fail.
-OUTAGE_S = 2 * (HEARTBEAT_S + MAX_BACKOFF_S) + 0.3
+OUTAGE_S = 2 * (LOCK_EXPIRY_S + MAX_BACKOFF_S) + 0.3
 HTTP_TIMEOUT_S = 5.0
 POLL_S = 0.01
 LOG_TAIL_LINES = 25

@@ -525,15 +525,15 @@ async def test_liveness_fails_while_the_election_loop_is_wedged() -> None:
     async with serve(make_app(jobs)) as client:
         await clock.advance(1.0)
         assert (await get_json(client, f"{PREFIX}/health/live"))["status"] == "ok"
-        # the loop cannot take a round for longer than one call and one full backoff, twice
-        # over (2 * (1 + 2) = 6 s) without being stuck
-        clock.stall(5.0)
+        # the loop cannot take a round for longer than one call (bounded by the lease) and one
+        # full backoff, twice over (2 * (3 + 2) = 10 s) without being stuck
+        clock.stall(9.0)
         assert (await get_json(client, f"{PREFIX}/health/live"))["status"] == "ok"
         clock.stall(2.0)
         wedged = await get_json(client, f"{PREFIX}/health/live", 503)
         await clock.advance(0.0)  # the loop gets to run again
         recovered = await get_json(client, f"{PREFIX}/health/live")
-    assert wedged["reason"].startswith("the election loop has not completed a round for 7.")
+    assert wedged["reason"].startswith("the election loop has not completed a round for 11.")
     assert recovered["status"] == "ok"
 
 
