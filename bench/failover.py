@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -69,44 +67,16 @@ KILL_GOAL_SLACK_MS = 100.0
 
 
 async def serve(args: argparse.Namespace) -> None:
-    """One replica: run the job until SIGTERM, then stop gracefully."""
-    from fastapi_singletonjob import JobContext, SingletonJobs
-
-    jobs = SingletonJobs(
-        redis_url=args.url,
-        project=args.project,
-        node_id=args.node,
-        heartbeat_interval=args.heartbeat,
-        lock_expiry=args.expiry,
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    """One replica: tests/node_proc.py's, with this benchmark's settings."""
+    await node_proc.serve(
+        args.url,
+        args.project,
+        args.node,
+        args.journal,
+        heartbeat_s=args.heartbeat,
+        lock_expiry_s=args.expiry,
+        ready=Path(f"{args.journal}.ready"),
     )
-    fd = os.open(args.journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def write(row: dict[str, object]) -> None:
-        os.write(fd, (json.dumps(row) + "\n").encode())  # one write: lines never interleave
-
-    @jobs.fixed_rate(JOB, every=EVERY_S)
-    async def tick(ctx: JobContext) -> None:
-        row: dict[str, object] = {
-            "node": ctx.node_id,
-            "token": ctx.fencing_token,
-            "scheduled": ctx.scheduled_at.timestamp(),
-            "start": now(),
-            "end": None,
-        }
-        write(row)
-        await asyncio.sleep(RUN_S)
-        write({**row, "end": now()})
-
-    stopping = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
-    try:
-        await jobs.start()
-        os.close(os.open(f"{args.journal}.ready", os.O_WRONLY | os.O_CREAT, 0o644))
-        await stopping.wait()
-        await jobs.stop()
-    finally:
-        os.close(fd)
 
 
 def monitor(url: str, out: Path) -> None:

@@ -116,16 +116,26 @@ def first_and_last(runs: Iterable[Run]) -> dict[str, tuple[Run, Run]]:
 # --- the replica ---------------------------------------------------------------------------------
 
 
-async def serve(url: str, project: str, node: str, journal: Path) -> None:
-    """Run the replica until SIGTERM, then stop gracefully."""
+async def serve(
+    url: str,
+    project: str,
+    node: str,
+    journal: Path,
+    *,
+    heartbeat_s: float = HEARTBEAT_S,
+    lock_expiry_s: float = LOCK_EXPIRY_S,
+    ready: Path | None = None,
+) -> None:
+    """Run the replica until SIGTERM, then stop gracefully; create ``ready`` once started.
+    (The benchmarks run this same replica with their own settings.)"""
     from fastapi_singletonjob import JobContext, SingletonJobs
 
     jobs = SingletonJobs(
         redis_url=url,
         project=project,
         node_id=node,
-        heartbeat_interval=HEARTBEAT_S,
-        lock_expiry=LOCK_EXPIRY_S,
+        heartbeat_interval=heartbeat_s,
+        lock_expiry=lock_expiry_s,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
     fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -150,6 +160,8 @@ async def serve(url: str, project: str, node: str, journal: Path) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     try:
         await jobs.start()
+        if ready is not None:
+            os.close(os.open(ready, os.O_WRONLY | os.O_CREAT, 0o644))
         await stopping.wait()
         await jobs.stop()
     finally:
