@@ -68,7 +68,8 @@ class JobCall:
     def __init__(self, job: str, func: Callable[..., Any]) -> None:
         self.job = job
         self.func = func
-        self._shim = _shim(job, func)
+        hints = _annotations(func)
+        self._shim = _shim(job, func, hints)
         try:
             self._dependant = get_dependant(path="", call=self._shim)
         except Exception as exc:  # FastAPI rejects the signature itself
@@ -79,7 +80,7 @@ class JobCall:
                 job=job,
                 field="func",
             ) from exc
-        _reject_request_parameters(job, func, self._dependant)
+        _reject_request_parameters(job, func, self._dependant, hints)
         self._context_only = [
             dep.name for dep in self._dependant.dependencies if dep.call is job_context
         ]
@@ -135,7 +136,7 @@ def _name(func: Callable[..., Any]) -> str:
     return getattr(func, "__qualname__", repr(func))
 
 
-def _shim(job: str, func: Callable[..., Any]) -> Callable[..., Any]:
+def _shim(job: str, func: Callable[..., Any], hints: dict[str, Any]) -> Callable[..., Any]:
     """A stand-in with ``func``'s signature, annotations resolved, and ``JobContext``
     parameters turned into a dependency on the run's context."""
     try:
@@ -144,7 +145,6 @@ def _shim(job: str, func: Callable[..., Any]) -> Callable[..., Any]:
         raise ConfigurationError(
             f"cannot read the signature of {func!r}: {exc}", job=job, field="func"
         ) from exc
-    hints = _annotations(func)
     parameters = []
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
@@ -206,8 +206,10 @@ class _Holder:
         self.__annotations__ = {"value": text}
 
 
-def _reject_request_parameters(job: str, func: Callable[..., Any], dependant: Dependant) -> None:
-    unresolved = {name: text for name, text in _annotations(func).items() if isinstance(text, str)}
+def _reject_request_parameters(
+    job: str, func: Callable[..., Any], dependant: Dependant, hints: dict[str, Any]
+) -> None:
+    unresolved = {name: text for name, text in hints.items() if isinstance(text, str)}
     for owner, field, what in _request_needs(dependant, _name(func)):
         hint = ""
         if owner == _name(func) and field in unresolved:

@@ -355,15 +355,17 @@ class Elector:
             if lease.token is not None and now >= lease.deadline:
                 self._end_term(lease, "its lease ran out before it could be renewed")
 
-    def _end_term(self, lease: Lease, why: str) -> None:
-        self._telemetry.change(lease.job, "lost")
-        logger.warning(
-            "node %s lost leadership of job %r (fencing token %s): %s",
-            self.node_id,
-            lease.job,
-            lease.token,
-            why,
-        )
+    def _end_term(self, lease: Lease, why: str | None) -> None:
+        """End this node's term of ``lease``: lost (``why`` says how), or released (None)."""
+        self._telemetry.change(lease.job, "lost" if why is not None else "released")
+        if why is not None:
+            logger.warning(
+                "node %s lost leadership of job %r (fencing token %s): %s",
+                self.node_id,
+                lease.job,
+                lease.token,
+                why,
+            )
         lease.token = None
         lease.deadline = float("-inf")
         lease.leading.clear()
@@ -386,11 +388,7 @@ class Elector:
         )
 
     async def _pause(self, delay: float) -> None:
-        # Wake early for a release notice, or at the earliest lease deadline to end that term
-        # on time even when the heartbeat is further away.
-        now = self._clock.monotonic()
-        deadlines = [x.deadline - now for x in self.leases.values() if x.token is not None]
-        delay = min([delay, *(max(d, 0.0) for d in deadlines)])
+        # Wake early for a release notice; terms end at their deadlines in _watch_deadlines.
         if self._wake.is_set():
             self._wake.clear()
             return
@@ -443,11 +441,7 @@ class Elector:
         for lease in self.leases.values():
             if (jobs is None or lease.job in jobs) and lease.value is not None:
                 if lease.token is not None:
-                    lease.token = None
-                    lease.deadline = float("-inf")
-                    lease.leading.clear()
-                    lease.lost.set()
-                    self._telemetry.change(lease.job, "released")
+                    self._end_term(lease, None)
                 values[lease.job] = lease.value
         if not values:
             return 0

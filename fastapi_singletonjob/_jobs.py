@@ -41,6 +41,12 @@ logger = logging.getLogger("fastapi_singletonjob")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _grace(misfire_grace: Duration | None, job: str) -> float | None:
+    if misfire_grace is None:
+        return None
+    return to_seconds(misfire_grace, field="misfire_grace", job=job, allow_zero=True)
+
+
 class SingletonJobs:
     """A set of periodic jobs, each run by exactly one replica at a time.
 
@@ -239,11 +245,7 @@ class SingletonJobs:
         except ValueError as exc:
             field = "timezone" if "timezone=" in str(exc) else "expression"
             raise ConfigurationError(str(exc), job=name, field=field) from None
-        grace_s = (
-            None
-            if misfire_grace is None
-            else to_seconds(misfire_grace, field="misfire_grace", job=name, allow_zero=True)
-        )
+        grace_s = _grace(misfire_grace, name)
         return self._decorator(
             name,
             schedule,
@@ -275,11 +277,7 @@ class SingletonJobs:
                 job=name,
                 field="schedule",
             )
-        grace_s = (
-            None
-            if misfire_grace is None
-            else to_seconds(misfire_grace, field="misfire_grace", job=name, allow_zero=True)
-        )
+        grace_s = _grace(misfire_grace, name)
         return self._decorator(
             name,
             schedule,
