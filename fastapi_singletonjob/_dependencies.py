@@ -28,7 +28,7 @@ from fastapi.dependencies.utils import get_dependant, solve_dependencies
 from starlette.requests import Request
 
 from ._context import JobContext
-from ._exceptions import ConfigurationError
+from ._errors import ConfigurationError
 
 __all__ = ["JobCall", "job_context"]
 
@@ -89,13 +89,17 @@ class JobCall:
             getattr(self._dependant, field, None) for field in _REQUEST_ONLY
         )
 
+    def context_arguments(self, ctx: JobContext) -> dict[str, Any]:
+        """The keyword arguments of a ``trivial`` call: the context, where it is asked for."""
+        return {name: ctx for name in self._context_only if name is not None}
+
     async def arguments(
         self, ctx: JobContext, app: object, stack: AsyncExitStack
     ) -> dict[str, Any]:
         """Resolve the keyword arguments of one run; ``yield`` dependencies close with
         ``stack``."""
         if self.trivial:
-            return {name: ctx for name in self._context_only if name is not None}
+            return self.context_arguments(ctx)
         token = _CURRENT.set(ctx)
         stack.callback(_CURRENT.reset, token)
         scope: dict[str, Any] = {

@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ._aio import sleep_or_event
 from ._clock import Clock
 from ._store import LeaseReply, LeaseRequest, LeaseStore
 from ._telemetry import Telemetry
@@ -29,6 +30,12 @@ CLOCK_RATE_ERROR = 1e-3
 """Assumed worst relative rate error between this node's clock and Redis's (NTP: <= 5e-4)."""
 MARGIN_FRACTION = 0.01
 MIN_MARGIN_S = 0.005
+WATCH_STEP_S = 0.1
+"""Longest sleep of the deadline watchdog while a run of a job this node leads is in flight
+(``Lease.running``): the run may wait on ``leadership_lost``. Lease deadlines are on
+CLOCK_BOOTTIME, which counts a system suspend, but asyncio's timers run on CLOCK_MONOTONIC,
+which does not: after a resume the watchdog notices a deadline that passed during the
+suspend within this step, not a whole timer later."""
 OWNER_SEPARATOR = "#"
 
 
@@ -102,8 +109,14 @@ class Lease:
     """False once the job has stopped for good: its lease is no longer requested."""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     """The current term's "leadership lost" signal; a fresh event per term."""
-    leading: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set while this node holds a term (the deadline may still pass before the loop sees it)."""
+    running: bool = False
+    """True while a run of the job is in flight on this node (set by the runner)."""
+    ended_token: int | None = None
+    """Token of the last term this node ended: a late reply renewing that term's value does
+    not start it again (a term, once ended, stays ended; the lock then expires)."""
+    last_started_us: int | None = None
+    """Instant (µs since the epoch) of the last run this node started (set by the runner);
+    recorded in the store on release, so that a successor never runs it again."""
 
 
 class Elector:
@@ -133,8 +146,12 @@ class Elector:
         self._clock = clock
         self._rng = rng
         self._wake = asyncio.Event()
+        self._deadlines_moved = asyncio.Event()
+        self._watching = False
         self._telemetry = telemetry or Telemetry(node_id)
         self._notice_at: float | None = None
+        self.on_term_started: Callable[[str], None] | None = None
+        """Called with the job's name when this node starts a term (the timer listens)."""
         self.failures = 0
         self.last_error: str | None = None
         self.last_success_at: float | None = None
@@ -152,7 +169,12 @@ class Elector:
             return False
         if token is not None and lease.token != token:
             return False
-        return self._clock.monotonic() < lease.deadline
+        if self._clock.monotonic() < lease.deadline:
+            return True
+        # Seen expired before the watchdog woke (a suspend, a blocked loop): end the term now,
+        # so that `leadership_lost` is never behind what `is_leader` says.
+        self._expire()
+        return False
 
     def time_left(self, job: str) -> float:
         """Seconds left on this node's lease of ``job`` (0 when it does not lead)."""
@@ -179,14 +201,21 @@ class Elector:
         if lease.token != token or lease.value is None or left <= 0:
             return -1
         try:
-            return await asyncio.wait_for(
-                self._store.claim(job, lease.value, instant_us), min(left, self._heartbeat_s)
-            )
+            # Bounded by the lease alone: claims that fire together queue for a connection,
+            # and a claim retried after a lost reply is recognised as this term's own.
+            return await asyncio.wait_for(self._store.claim(job, lease.value, instant_us), left)
         except Exception as exc:
             logger.warning(
                 "node %s could not claim an instant of job %r: %r", self.node_id, job, exc
             )
             return None
+
+    def run_started(self, job: str) -> None:
+        """A run of ``job`` started: from now on the watchdog checks the deadline at least
+        every ``WATCH_STEP_S``, so that a suspend cannot delay ``leadership_lost``."""
+        self.leases[job].running = True
+        if not self._watching:
+            self._deadlines_moved.set()
 
     def wake(self) -> None:
         """Run a round now (a lock was released somewhere)."""
@@ -221,11 +250,21 @@ class Elector:
     async def _watch_deadlines(self) -> None:
         # Ends each term at its deadline even while a round is waiting on a slow store, so
         # that runs with on_leadership_lost="cancel" stop on time, whatever the round does.
+        # Woken whenever a deadline moves: a term that starts from a slow reply has a deadline
+        # sooner than the sleep computed before it.
         while True:
+            self._deadlines_moved.clear()
             self._expire()
             now = self._clock.monotonic()
-            left = [x.deadline - now for x in self.leases.values() if x.token is not None]
-            await self._clock.sleep(min([self._heartbeat_s, *(max(d, 0.0) for d in left)]))
+            held = [x for x in self.leases.values() if x.token is not None]
+            self._watching = any(x.running for x in held)
+            step = min(
+                [
+                    WATCH_STEP_S if self._watching else self._heartbeat_s,
+                    *(x.deadline - now for x in held),
+                ]
+            )
+            await sleep_or_event(self._clock, max(step, 0.0), self._deadlines_moved)
 
     async def round(self) -> float:
         """One acquire-or-renew round for all leases; returns the delay until the next."""
@@ -256,14 +295,21 @@ class Elector:
         if resigned:
             await self.release(resigned)
         self._expire()
-        return self._delay()
+        # Rounds are spaced from send to send: on a link whose round trip is a large part of a
+        # heartbeat, a pause counted from the reply would space renewals by the round trip plus
+        # a heartbeat, and a lease whose deadline comes before the next reply would lapse.
+        return max(0.0, self._delay() - (self._clock.monotonic() - sent_at))
+
+    @property
+    def _longest_ttl_s(self) -> float:
+        return max((lease.ttl_s for lease in self.leases.values()), default=self._heartbeat_s)
 
     def _call_timeout(self, sent_at: float) -> float:
         # An answer is useful only while the leases it grants are: past the deadline of the
         # longest of them it grants nothing. Terms end at their own deadlines meanwhile
         # (_watch_deadlines), so a slow store cannot keep a stale leader going; and a round
         # trip longer than a heartbeat still renews.
-        ttl_s = max((lease.ttl_s for lease in self.leases.values()), default=self._heartbeat_s)
+        ttl_s = self._longest_ttl_s
         return max(lease_deadline(sent_at, ttl_s) - sent_at, self._heartbeat_s / 10)
 
     def _on_success(self, sent_at: float, replies: list[LeaseReply]) -> None:
@@ -278,53 +324,95 @@ class Elector:
         self.last_success_at = sent_at
         self.round_trip_s = self._clock.monotonic() - sent_at
         for reply in replies:
-            self._apply(self.leases[reply.job], reply, sent_at)
+            lease = self.leases.get(reply.job)
+            if lease is None:
+                continue
+            try:
+                self._apply(lease, reply, sent_at)
+            except Exception:  # one odd reply must never stop the election of other jobs
+                logger.exception(
+                    "node %s could not apply the store's reply for job %r", self.node_id, reply.job
+                )
+        self._deadlines_moved.set()
 
     def _apply(self, lease: Lease, reply: LeaseReply, sent_at: float) -> None:
         previous = (lease.observed_at, lease.holder_ttl_s)
         lease.holder, lease.holder_token = node_of(reply.holder), reply.token
         lease.observed_at = sent_at
-        if reply.error is not None:
-            if reply.error != lease.acquire_error:
-                logger.warning(
-                    "node %s could not acquire job %r: %s", self.node_id, lease.job, reply.error
-                )
-            lease.acquire_error = reply.error
-        else:
-            lease.acquire_error = None
-        if not reply.held:
-            twin = reply.holder != self.owner and lease.holder == self.node_id
-            if twin and not self._warned_twin:
-                self._warned_twin = True
-                logger.warning(
-                    "another instance uses node id %r too; give each replica its own node_id "
-                    "(the lock still elects only one of them)",
-                    self.node_id,
-                )
-            lease.holder_ttl_s = reply.ttl_s
-            if lease.token is not None:
-                self._end_term(lease, f"the lock is now held by {lease.holder!r}")
+        if reply.error is not None and reply.error != lease.acquire_error:
+            logger.warning(
+                "node %s could not acquire job %r: %s", self.node_id, lease.job, reply.error
+            )
+        lease.acquire_error = reply.error
+        if reply.held:
+            self._apply_held(lease, reply, sent_at, previous)
             return
+        twin = reply.holder != self.owner and lease.holder == self.node_id
+        if twin and not self._warned_twin:
+            self._warned_twin = True
+            logger.warning(
+                "another instance uses node id %r too; give each replica its own node_id "
+                "(the lock still elects only one of them)",
+                self.node_id,
+            )
+        lease.holder_ttl_s = reply.ttl_s
+        if lease.token is not None:
+            self._end_term(lease, f"the lock is now held by {lease.holder!r}")
+
+    def _apply_held(
+        self,
+        lease: Lease,
+        reply: LeaseReply,
+        sent_at: float,
+        previous: tuple[float | None, float | None],
+    ) -> None:
         lease.holder_ttl_s = None
+        token = reply.token
+        if token is None or reply.value is None:
+            # A store that says "held" for a value this library did not write is broken or
+            # tampered with: never count it as a term (it has no fencing token to give).
+            logger.error(
+                "node %s: the store reported job %r as held with a foreign lock value; "
+                "not leading it",
+                self.node_id,
+                lease.job,
+            )
+            if lease.token is not None:
+                self._end_term(lease, "the lock holds a value this library did not write")
+            return
         lease.value = reply.value
         if not lease.wanted:
             return  # resigned while this round was in flight: released right after it
-        token = reply.token if reply.token is not None else 0
+        if lease.token is None and token == lease.ended_token:
+            # The reply to a renewal sent before the term ended (its deadline passed while the
+            # reply was on its way): the runs were told leadership was lost, so the term stays
+            # ended. Not renewed again, the lock expires and a new term gets a new token.
+            return
         if lease.token is not None and lease.token != token:
             self._end_term(lease, f"the lock was re-created with token {token}")
         lease.deadline = lease_deadline(sent_at, lease.ttl_s)
         if lease.token is None and lease.deadline > self._clock.monotonic():
-            lease.token = token
-            lease.terms += 1
-            lease.lost = asyncio.Event()
-            lease.leading.set()
-            logger.info(
-                "node %s became leader of job %r (fencing token %d)", self.node_id, lease.job, token
-            )
-            self._telemetry.change(lease.job, "acquired")
-            gap = self._leaderless(lease, sent_at, *previous)
-            if gap is not None:
-                self._telemetry.leaderless_for(lease.job, gap)
+            self._start_term(lease, token, sent_at, previous)
+
+    def _start_term(
+        self,
+        lease: Lease,
+        token: int,
+        sent_at: float,
+        previous: tuple[float | None, float | None],
+    ) -> None:
+        lease.token = token
+        lease.terms += 1
+        lease.lost = asyncio.Event()
+        logger.info(
+            "node %s became leader of job %r (fencing token %d)", self.node_id, lease.job, token
+        )
+        self._telemetry.change(lease.job, "acquired")
+        gap = self._leaderless(lease, sent_at, *previous)
+        if gap is not None:
+            self._telemetry.leaderless_for(lease.job, gap)
+        if self.on_term_started is not None:
+            self.on_term_started(lease.job)
 
     def _leaderless(
         self, lease: Lease, acquired_at: float, observed_at: float | None, ttl_s: float | None
@@ -366,9 +454,9 @@ class Elector:
                 lease.token,
                 why,
             )
+        lease.ended_token = lease.token
         lease.token = None
         lease.deadline = float("-inf")
-        lease.leading.clear()
         lease.lost.set()
 
     def _delay(self) -> float:
@@ -389,28 +477,26 @@ class Elector:
 
     async def _pause(self, delay: float) -> None:
         # Wake early for a release notice; terms end at their deadlines in _watch_deadlines.
-        if self._wake.is_set():
-            self._wake.clear()
-            return
-        sleeper = asyncio.ensure_future(self._clock.sleep(delay))
-        waker = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waker.cancel()
-            self._wake.clear()
+        await sleep_or_event(self._clock, delay, self._wake)
+        self._wake.clear()
 
     async def _listen(self) -> None:
         failures = 0
         while True:
+            subscribed_at = self._clock.monotonic()
             try:
-                await self._store.listen_releases(self.wake)
-                failures = 0
+                # The keepalive turns a silently dead connection into an error within two
+                # lease times, so handovers stay pushed instead of degrading to polling; not
+                # tighter, or a slow link (a round trip above a heartbeat) would reconnect
+                # in a loop.
+                await self._store.listen_releases(self.wake, keepalive_s=self._longest_ttl_s)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the subscription is an optimisation; polling goes on
-                failures += 1
+                # A subscription that served for a while was a success: start backing off
+                # afresh, instead of growing the delay across reconnects that worked.
+                lasted_s = self._clock.monotonic() - subscribed_at
+                failures = 1 if lasted_s > 4 * self._heartbeat_s else failures + 1
                 logger.debug("release listener of node %s failed: %r", self.node_id, exc)
             await self._clock.sleep(
                 next_attempt_delay(
@@ -425,11 +511,12 @@ class Elector:
 
     # -- shutdown -------------------------------------------------------------------------
 
-    async def resign(self, job: str) -> None:
-        """Stop competing for ``job`` for good (its schedule ended or its loop died) and hand
-        its lock to the other nodes, so that a job nobody runs is not kept locked."""
-        self.leases[job].wanted = False
-        await self.release([job])
+    async def resign(self, jobs: Sequence[str]) -> None:
+        """Stop competing for ``jobs`` for good (their schedule ended or failed, or this node
+        is shutting down) and hand their locks to the other nodes at once."""
+        for job in jobs:
+            self.leases[job].wanted = False
+        await self.release(jobs)
 
     async def release(self, jobs: Sequence[str] | None = None, timeout_s: float = 2.0) -> int:
         """Release the locks this node holds (of ``jobs``, default all) and notify the others.
@@ -438,15 +525,20 @@ class Elector:
         logged, not raised: an unreleased lock simply expires.
         """
         values: dict[str, str] = {}
+        last_us: dict[str, int] = {}
         for lease in self.leases.values():
             if (jobs is None or lease.job in jobs) and lease.value is not None:
                 if lease.token is not None:
                     self._end_term(lease, None)
                 values[lease.job] = lease.value
+                if lease.last_started_us is not None:
+                    last_us[lease.job] = lease.last_started_us
         if not values:
             return 0
         try:
-            released = await asyncio.wait_for(self._store.release(self.owner, values), timeout_s)
+            released = await asyncio.wait_for(
+                self._store.release(self.owner, values, last_us), timeout_s
+            )
         except Exception as exc:
             logger.warning(
                 "node %s could not release its locks (%s); they expire on their own: %r",

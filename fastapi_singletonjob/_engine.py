@@ -1,33 +1,48 @@
 """The running machinery of one ``SingletonJobs``: built at startup, torn down at shutdown.
 
-Shutdown order, chosen so that no two nodes ever run a job at once:
+Life cycle (``Engine.state``)::
 
-1. stop ticking (the schedule loops), so no new run starts;
-2. let runs in flight finish, up to ``shutdown_timeout``, while the election keeps renewing
-   their leases;
-3. cancel the runs still going and give them a short grace to end;
-4. stop the election, then release the locks whose runs have ended, which notifies the
-   other nodes so that they take over at once (a lock whose run is stuck in a thread is
-   *not* released: it expires on its own after the run can no longer be ours);
-5. close the store if the library opened it, and the worker threads.
+    STARTING ──start()──▶ RUNNING ──stop()──▶ DRAINING ──▶ STOPPED
+        └──────────── a failed start or abort() ───────────────▲
+
+Shutdown order, chosen so that no two nodes ever run a job at once and no job pauses longer
+than it must:
+
+1. stop the timer, so no new run starts;
+2. release at once the locks of the jobs with no run in flight, so that other nodes take them
+   over while this one drains;
+3. let runs in flight finish, up to ``shutdown_timeout``, while the election keeps renewing
+   their leases, and release each lock as soon as its run ends;
+4. cancel the runs still going and give them a short grace to end;
+5. stop the election (a lock whose run is stuck in a thread is *not* released: it expires on
+   its own after the run can no longer be ours);
+6. close the store if the library opened it, and the worker threads.
+
+Everything started is registered on one ``AsyncExitStack``: ``stop`` and ``abort`` unwind the
+same stack, so there is one teardown path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from ._aio import abort_all, cancel_and_wait, wait_all
 from ._clock import Clock
 from ._config import Settings
 from ._election import Elector, Lease
 from ._job import JobSpec
-from ._runner import JobRunner
+from ._run import JobRunner
+from ._snapshot import EngineSnapshot, take
 from ._store import LeaseStore
 from ._telemetry import Telemetry
+from ._ticker import Ticker
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "EngineState"]
 
 logger = logging.getLogger("fastapi_singletonjob")
 
@@ -35,8 +50,18 @@ CANCEL_GRACE_S = 5.0
 """Longest wait for cancelled runs to end at shutdown before giving up on them."""
 
 
+class EngineState(str, enum.Enum):
+    """Where an engine is in its life cycle."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    """Stopping: no new run starts; runs in flight finish and their leases are still renewed."""
+    STOPPED = "stopped"
+
+
 class Engine:
-    """Election loop, one runner per enabled job, and their worker threads."""
+    """Election loop, the timer, one runner per enabled job, and their worker threads."""
 
     def __init__(
         self,
@@ -49,7 +74,8 @@ class Engine:
     ) -> None:
         self.settings = settings
         self.store = store
-        self._clock = clock
+        self.state = EngineState.STARTING
+        self.clock = clock
         enabled = [spec for spec in specs if spec.enabled]
         self.telemetry = telemetry or Telemetry(settings.node_id)
         leases = [
@@ -83,112 +109,143 @@ class Engine:
             )
             for spec, lease in zip(enabled, leases, strict=True)
         }
+        self.ticker = Ticker(
+            self.runners.values(),
+            clock=clock,
+            retire=self._retire,
+            precision_s=settings.precision_s,
+        )
+        self.elector.on_term_started = self.ticker.leadership_gained
         self._election: asyncio.Task[None] | None = None
+        self._timer: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._stack = contextlib.AsyncExitStack()
         self.started_at = clock.monotonic()
-        self._loops: list[asyncio.Task[None]] = []
+
+    def snapshot(self) -> EngineSnapshot:
+        """A consistent read-only picture of the engine, for the status API and probes."""
+        return take(self)
 
     @property
     def election_task(self) -> asyncio.Task[None] | None:
         """The election loop's task (None before start)."""
         return self._election
 
+    @property
+    def timer_task(self) -> asyncio.Task[None] | None:
+        """The timer's task (None before start or once stopped)."""
+        return self._timer
+
     async def start(self) -> None:
-        """Start the election and the schedule loops; returns once they run, without
-        waiting for the store (an unreachable Redis is retried in the background)."""
-        elector = self.elector
-        self.telemetry.register(
-            list(self.runners), lambda: [(job, elector.is_leader(job)) for job in self.runners]
-        )
-        ready = asyncio.Event()
-        self.started_at = self._clock.monotonic()
-        self._election = asyncio.create_task(
-            self.elector.run(ready), name=f"singletonjob {self.settings.node_id} election"
-        )
-        waiter = asyncio.ensure_future(ready.wait())
-        await asyncio.wait({waiter, self._election}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if self._election.done():
-            self._election.result()  # re-raise a crash of the loop at startup
-        self._loops = [
-            asyncio.create_task(runner.loop(), name=f"singletonjob {name!r} schedule")
-            for name, runner in self.runners.items()
-        ]
+        """Start the election and the timer; returns once they run, without waiting for the
+        store (an unreachable Redis is retried in the background). On failure everything
+        started so far is torn down and the store closed."""
+        stack = self._stack
+        stack.push_async_callback(self.store.aclose)
+        if self._executor is not None:
+            stack.callback(self._executor.shutdown, wait=False)
+        try:
+            elector = self.elector
+            self.telemetry.register(
+                list(self.runners), lambda: [(job, elector.is_leader(job)) for job in self.runners]
+            )
+            ready = asyncio.Event()
+            self.started_at = self.clock.monotonic()
+            election = self._election = asyncio.create_task(
+                elector.run(ready), name=f"singletonjob {self.settings.node_id} election"
+            )
+            stack.push_async_callback(cancel_and_wait, election)
+            waiter = asyncio.ensure_future(ready.wait())
+            await asyncio.wait({waiter, election}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if election.done():
+                election.result()  # re-raise a crash of the loop at startup
+            self._timer = asyncio.create_task(
+                self.ticker.run(), name=f"singletonjob {self.settings.node_id} timer"
+            )
+        except BaseException:
+            await self.abort()
+            raise
+        self.state = EngineState.RUNNING
+
+    def _retire(self, runner: JobRunner) -> None:
+        """The job's schedule ended or failed: once its run (if any) ends, hand its lock to
+        the other nodes, so that a job nobody runs here is not kept locked."""
+
+        async def retire() -> None:
+            if runner.current is not None:
+                await asyncio.wait({runner.current})
+            await self.elector.resign([runner.spec.name])
+
+        task = asyncio.create_task(retire(), name=f"singletonjob retire {runner.spec.name!r}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def abort(self) -> None:
-        """Cancel whatever still runs (schedule loops, runs, election), bounded in time: the
-        last resort when ``stop`` failed or was cancelled, so that nothing keeps renewing
+        """Cancel whatever still runs, bounded in time, and close the store: the last resort
+        when ``start`` or ``stop`` failed or was cancelled, so that nothing keeps renewing
         leases or starting runs behind the application's back."""
+        self.ticker.stop_waiting()
         runs = [runner.current for runner in self.runners.values()]
-        await _abort_tasks([*self._loops, *runs, self._election])
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+        await abort_all([self._timer, *runs, *self._retiring, self._election], CANCEL_GRACE_S)
+        await self._close()
+
+    async def _close(self) -> None:
+        self.state = EngineState.STOPPED
+        try:
+            await self._stack.aclose()
+        except Exception:
+            logger.exception("node %s: error while closing", self.settings.node_id)
 
     async def stop(self) -> None:
         """Shut down in the order described in the module docstring; never raises for a
         job's misbehaviour."""
-        await asyncio.gather(*(_cancel(task) for task in self._loops))
+        self.state = EngineState.DRAINING
+        self.ticker.stop_waiting()
+        if self._timer is not None:
+            await cancel_and_wait(self._timer)
         runs = {name: r.current for name, r in self.runners.items() if r.current is not None}
-        if runs:
-            logger.info(
-                "waiting up to %gs for runs in flight: %s",
-                self.settings.shutdown_timeout_s,
-                ", ".join(runs),
-            )
-            _, pending = await _wait(runs.values(), self.settings.shutdown_timeout_s, self._clock)
-            if pending:
-                for task in pending:
-                    task.cancel()
-                _, pending = await _wait(pending, CANCEL_GRACE_S, self._clock)
-            stuck = [name for name, task in runs.items() if task in pending]
-        else:
-            stuck = []
+        idle = [name for name in self.runners if name not in runs]
+        if idle:
+            await self.elector.resign(idle)
+        stuck = await self._drain(runs) if runs else []
         if stuck:
             logger.error(
                 "runs of %s did not end after cancellation; their locks are left to expire so "
                 "that no other node starts them while they may still run",
                 ", ".join(stuck),
             )
+        await abort_all(list(self._retiring), CANCEL_GRACE_S)
         if self._election is not None:
-            await _cancel(self._election)
-        await self.elector.release([name for name in self.runners if name not in stuck])
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+            await cancel_and_wait(self._election)
+        await self.elector.release([name for name in runs if name not in stuck])
+        await self._close()
 
-
-async def _abort_tasks(tasks: Sequence[asyncio.Task[None] | None]) -> None:
-    pending = [task for task in tasks if task is not None and not task.done()]
-    for task in pending:
-        task.cancel()
-    if pending:
-        await asyncio.wait(pending, timeout=CANCEL_GRACE_S)
-
-
-async def _wait(
-    tasks: Collection[asyncio.Task[None]], timeout_s: float, clock: Clock
-) -> tuple[set[asyncio.Task[None]], set[asyncio.Task[None]]]:
-    """Wait for ``tasks`` up to ``timeout_s`` on ``clock``; return (done, pending)."""
-    pending = set(tasks)
-    if not pending or timeout_s <= 0:
-        return set(), pending
-    timer = asyncio.ensure_future(clock.sleep(timeout_s))
-    try:
-        while pending and not timer.done():
-            await asyncio.wait({*pending, timer}, return_when=asyncio.FIRST_COMPLETED)
-            pending = {task for task in pending if not task.done()}
-    finally:
-        timer.cancel()
-    return {task for task in tasks if task.done()}, pending
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    """Cancel ``task`` and wait until it has ended.
-
-    The cancel is repeated: on Python < 3.12, ``asyncio.wait_for`` can swallow a cancel that
-    lands just as the awaited call completes, and the task would go on. Waiting with
-    ``asyncio.wait`` never raises, so a cancel aimed at the caller itself is not swallowed.
-    """
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.1)
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("task %s had failed", task.get_name(), exc_info=task.exception())
+    async def _drain(self, runs: dict[str, asyncio.Task[None]]) -> list[str]:
+        """Wait for ``runs``, releasing each job's lock as its run ends; cancel those still
+        going after ``shutdown_timeout``. Returns the jobs whose runs would not end."""
+        logger.info(
+            "waiting up to %gs for runs in flight: %s",
+            self.settings.shutdown_timeout_s,
+            ", ".join(runs),
+        )
+        job_of: dict[asyncio.Future[None], str] = {task: name for name, task in runs.items()}
+        pending: set[asyncio.Future[None]] = set(runs.values())
+        deadline = self.clock.monotonic() + self.settings.shutdown_timeout_s
+        cancelled = False
+        while pending:
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                if cancelled:
+                    break
+                cancelled = True
+                for task in pending:
+                    task.cancel()
+                deadline = self.clock.monotonic() + CANCEL_GRACE_S
+                continue
+            still = await wait_all(pending, left, self.clock, first=True)
+            ended = [job_of[task] for task in pending - still]
+            pending = still
+            if ended:
+                await self.elector.resign(ended)
+        return [job_of[task] for task in pending]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._dependencies import JobCall
-from ._exceptions import ConfigurationError
+from ._errors import ConfigurationError
 from ._schedule import Schedule
 
 __all__ = ["JobSpec", "LeadershipLostPolicy"]

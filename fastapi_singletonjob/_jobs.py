@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from fastapi import APIRouter
@@ -16,6 +17,7 @@ from redis.asyncio import Redis
 
 from ._clock import SYSTEM_CLOCK, Clock
 from ._config import (
+    MIN_MISFIRE_GRACE_S,
     MIN_PERIOD_S,
     Duration,
     Settings,
@@ -25,11 +27,11 @@ from ._config import (
     to_seconds,
 )
 from ._engine import Engine
-from ._exceptions import ConfigurationError
+from ._errors import ConfigurationError, JobNotFound, UsageError
 from ._job import JobSpec, LeadershipLostPolicy, ScheduleKind
 from ._redis_store import RedisLeaseStore
 from ._router import create_router
-from ._schedule import Cron, FixedRate, Interval, Schedule
+from ._schedule import Cron, FixedRate, Interval, Schedule, policy_of
 from ._status import NodeStatus, node_status
 from ._store import LeaseStore, MemoryLeaseStore
 from ._telemetry import Telemetry
@@ -41,10 +43,27 @@ logger = logging.getLogger("fastapi_singletonjob")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+MAX_POOL_SIZE = 16
+"""Most connections one node opens to Redis for its calls (the release listener has its own)."""
+
+
 def _grace(misfire_grace: Duration | None, job: str) -> float | None:
     if misfire_grace is None:
         return None
-    return to_seconds(misfire_grace, field="misfire_grace", job=job, allow_zero=True)
+    seconds = (
+        misfire_grace.total_seconds() if isinstance(misfire_grace, timedelta) else misfire_grace
+    )
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if number and seconds < MIN_MISFIRE_GRACE_S:  # zero and negatives too: never "on time"
+        raise ConfigurationError(
+            f"misfire_grace={misfire_grace!r} would drop every instant, or most, as late: a "
+            "run always starts a few milliseconds after its instant; pass at least "
+            f"misfire_grace={MIN_MISFIRE_GRACE_S:g} (e.g. misfire_grace=1), or leave it unset "
+            "to let a run start until the next instant",
+            job=job,
+            field="misfire_grace",
+        )
+    return to_seconds(misfire_grace, field="misfire_grace", job=job)
 
 
 class SingletonJobs:
@@ -66,10 +85,15 @@ class SingletonJobs:
         pid and a short random suffix.
     :param heartbeat_interval: how often leases are renewed and free locks tried (3 s).
     :param lock_expiry: lease time; a dead leader is replaced about this long after its last
-        renewal (10 s). Must exceed the heartbeat; 3x or more is recommended.
+        renewal (10 s). Must ride out one failed renewal (a little over 2.1 heartbeats; the
+        error gives the exact minimum); 3x or more is recommended.
     :param max_backoff: cap of the retry delay while the store is unreachable (30 s).
     :param shutdown_timeout: how long shutdown lets runs in flight finish before cancelling
         them (10 s).
+    :param precision: opt-in tick precision: the timer wakes this long before each instant
+        and yields to the event loop until it comes, so runs start within a fraction of a
+        millisecond of their instant instead of the ~1-2 ms of asyncio's timer; costs CPU
+        while it waits (0 = off, the default; 0.002 is a good value; at most 0.05).
     :param clock: a ``FakeClock`` in tests; default the
         system clock.
     :param tracer_provider: OpenTelemetry tracer provider; default the global one.
@@ -87,6 +111,7 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         max_backoff: Duration | None = None,
         shutdown_timeout: Duration | None = None,
+        precision: Duration | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -110,6 +135,7 @@ class SingletonJobs:
             lock_expiry=lock_expiry,
             max_backoff=max_backoff,
             shutdown_timeout=shutdown_timeout,
+            precision=precision,
         )
         self._client = redis
         self._clock: Clock = clock or SYSTEM_CLOCK
@@ -158,7 +184,11 @@ class SingletonJobs:
     def status(self, job: str | None = None) -> NodeStatus:
         """A snapshot of this node and its jobs (or only ``job``), as the router serves it."""
         if job is not None and job not in self._specs:
-            raise KeyError(f"no job named {job!r}")
+            raise JobNotFound(
+                f"no job named {job!r} is registered; registered jobs: "
+                f"{', '.join(sorted(self._specs)) or 'none'}",
+                field="job",
+            )
         return node_status(self, only=job)
 
     @property
@@ -343,16 +373,43 @@ class SingletonJobs:
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    def _pool_size(self) -> int:
+        """Connections the store may need at once: the election round, a release, and one
+        claim per job that claims instants (all may fire on one instant); capped, since the
+        pool makes callers wait for a free connection rather than fail."""
+        claiming = sum(
+            1
+            for spec in self._specs.values()
+            if spec.enabled and not policy_of(spec.schedule).after_run
+        )
+        return min(2 + claiming, MAX_POOL_SIZE)
+
     def _open_store(self) -> LeaseStore:
         if self._client is not None:
-            return RedisLeaseStore(self.project, client=self._client)
+            return RedisLeaseStore(
+                self.project, client=self._client, max_connections=self._pool_size()
+            )
         url = self.settings.redis_url
         assert url is not None
         if url.startswith("memory:"):
             return MemoryLeaseStore(self.project, self._clock, url)
-        return RedisLeaseStore(
-            self.project, url=url, connect_timeout_s=self.settings.heartbeat_interval_s
-        )
+        try:
+            return RedisLeaseStore(
+                self.project,
+                url=url,
+                connect_timeout_s=self.settings.heartbeat_interval_s,
+                max_connections=self._pool_size(),
+            )
+        except (ValueError, TypeError) as exc:
+            # Settings.build already refuses what redis-py misreads; should it still fail, its
+            # message may quote the URL (urllib's port error quotes a password), so it is
+            # replaced, and not chained.
+            raise ConfigurationError(
+                f"redis_url={redact_url(url)!r} is refused by redis-py "
+                f"({type(exc).__name__}); check its form: redis://user:password@host:port/db "
+                "with the user name and password percent-encoded",
+                field="redis_url",
+            ) from None
 
     async def start(self, app: object = None) -> None:
         """Start electing and running the jobs; returns at once (also when Redis is down).
@@ -361,17 +418,20 @@ class SingletonJobs:
             (the lifespan passes it).
         """
         if self._engine is not None:
-            raise RuntimeError(f"SingletonJobs {self.project!r} is already started")
+            raise UsageError(
+                f"SingletonJobs {self.project!r} is already started; start it once (the "
+                "lifespan does), or use a second SingletonJobs"
+            )
         self.settings = self.settings.for_this_process()
         store = self._open_store()
-        engine = Engine(
-            self.settings, list(self._specs.values()), store, self._clock, app, self._telemetry
-        )
         try:
-            await engine.start()
+            engine = Engine(
+                self.settings, list(self._specs.values()), store, self._clock, app, self._telemetry
+            )
         except BaseException:
             await store.aclose()
             raise
+        await engine.start()  # on failure it has torn itself down and closed the store
         self._engine = engine
         disabled = [spec.name for spec in self._specs.values() if not spec.enabled]
         logger.info(
@@ -385,17 +445,18 @@ class SingletonJobs:
 
     async def stop(self) -> None:
         """Stop ticking, drain runs, release the locks, close what the library opened."""
-        engine, self._engine = self._engine, None
+        engine = self._engine
         if engine is None:
             return
         try:
+            # The engine stays visible while it drains: status and probes report it.
             await engine.stop()
         except BaseException:
             # stop() failed or was cancelled midway: make sure nothing keeps running.
             await asyncio.shield(engine.abort())
             raise
         finally:
-            await engine.store.aclose()
+            self._engine = None
             logger.info("singletonjob node %s stopped", self.node_id)
 
     @contextlib.asynccontextmanager

@@ -7,11 +7,14 @@ them in a single round trip, also on Redis Cluster (they live in one hash slot).
 key                                     type    content
 ======================================  ======  ============================================
 ``singletonjob:{<project>}:<job>:lock``   string  ``<fencing token>|<node id>#<nonce>``, with a
-                                                TTL of the job's lock expiry (the lease)
+                                                TTL of the job's lock expiry (the lease); any
+                                                other value is foreign, nobody's to renew
 ``singletonjob:{<project>}:<job>:fence``  string  the last fencing token granted; no TTL, so
                                                 tokens keep growing across terms
 ``singletonjob:{<project>}:<job>:last``   string  the latest cron/custom instant a leader started,
-                                                in µs since the epoch; no TTL
+                                                in µs since the epoch, never written more than
+                                                ``max_ahead_us`` ahead of the server clock;
+                                                no TTL
 ``singletonjob:{<project>}:released``     pubsub  a node publishes here when it releases locks
 ======================================  ======  ============================================
 """

@@ -1,36 +1,60 @@
 """The Redis lease store.
 
-The election talks to Redis through a connection pool of its own, with redis-py's automatic
-retries turned off: a retry hidden inside one call could outlast the lease it is renewing. The
-elector bounds every call with a timeout and does its own backoff. Only clients this module
-created are closed; a client passed in by the user is never closed (only the pool derived from
-its settings is).
+The store talks to Redis through connections of its own, with redis-py's automatic retries
+turned off: a retry hidden inside one call could outlast the lease it is renewing. The elector
+bounds every call with a timeout and does its own backoff.
+
+Connections: one shared pool for the calls (elect, release, claims, pings), which makes a call
+wait for a free connection rather than fail when all are busy (claims of many cron jobs on one
+instant come all at once), and one dedicated connection per release subscription, which holds
+its connection for good and must not take one from the calls. Only clients and pools this
+module created are closed; a client passed in by the user is never closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 
 from . import _keys, _scripts
 from ._config import redact_url
-from ._store import LeaseReply, LeaseRequest
+from ._store import (
+    DEFAULT_KEEPALIVE_S,
+    DEFAULT_MAX_AHEAD_US,
+    LeaseReply,
+    LeaseRequest,
+    StoreReadOnly,
+    is_lock_value,
+)
 
-__all__ = ["RedisLeaseStore"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "POOL_WAIT_S", "RedisLeaseStore"]
 
 logger = logging.getLogger(__name__)
 
-_POOL_SIZE = 4  # elect/release, the release listener, status reads: never more than a few
+DEFAULT_MAX_CONNECTIONS = 4
+"""Connections of the shared pool when the caller does not size it: an election round, a
+release and a status read at once, plus one claim; more claims wait their turn."""
+
+POOL_WAIT_S = 10.0
+"""How long a call waits for a free connection of the shared pool before it fails. A backstop
+only: the elector and the runner bound every call with a shorter timeout of their own."""
+
+_READ_ONLY_PREFIX = "READONLY"
 
 
 def _text(value: bytes | str | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
+    # A lock value is anybody's to write: bytes that are not UTF-8 must not fail the reply
+    # of every job in the call, so they become U+FFFD (and such a value is foreign anyway).
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _no_retry() -> Retry:
@@ -53,22 +77,45 @@ def _no_maint_notifications() -> dict[str, Any]:
     return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
-def _derive_pool(client: Redis) -> ConnectionPool:
-    """A small pool with the user's connection settings but without client-side retries."""
+def _forced() -> dict[str, Any]:
+    """Connection options the store needs whatever the URL or the user's client says: no
+    client-side retries, and raw bytes (values are decoded here, never failing on bad UTF-8)."""
+    return {"retry": _no_retry(), "retry_on_timeout": False, "decode_responses": False}
+
+
+def _options_from_url(
+    url: str, connect_timeout_s: float
+) -> tuple[type[AbstractConnection], dict[str, Any]]:
+    """Connection class and options for ``url``; its query string wins over the defaults."""
+    options: dict[str, Any] = dict(parse_url(url))
+    connection_class = options.pop("connection_class", Connection)
+    options.pop("max_connections", None)  # the store sizes its pools itself
+    defaults = {
+        "socket_connect_timeout": connect_timeout_s,
+        "socket_timeout": None,  # every call is bounded by the elector's own timeout
+    }
+    return connection_class, {**defaults, **options, **_forced()}
+
+
+def _options_from_client(client: Redis) -> tuple[type[AbstractConnection], dict[str, Any]]:
+    """The user's connection settings (host, TLS, credentials, timeouts), without retries."""
     pool = client.connection_pool
-    kwargs = {
+    options = {
         key: value
         for key, value in pool.connection_kwargs.items()
         if not key.startswith(("orig_", "maint_notifications")) and key != "retry"
     }
-    kwargs.update(retry=_no_retry(), retry_on_timeout=False, **_no_maint_notifications())
-    return ConnectionPool(
-        connection_class=pool.connection_class, max_connections=_POOL_SIZE, **kwargs
-    )
+    return pool.connection_class, {**options, **_forced()}
 
 
 class RedisLeaseStore:
-    """Leases kept in Redis keys (see ``_keys``), changed only by the scripts in ``_scripts``."""
+    """Leases kept in Redis keys (see ``_keys``), changed only by the scripts in ``_scripts``.
+
+    :param max_connections: size of the shared pool for calls (default
+        ``DEFAULT_MAX_CONNECTIONS``); callers size it from the work, e.g. two plus the number
+        of jobs that claim instants, capped. Release subscriptions do not count: each has a
+        connection of its own.
+    """
 
     def __init__(
         self,
@@ -77,30 +124,51 @@ class RedisLeaseStore:
         url: str | None = None,
         client: Redis | None = None,
         connect_timeout_s: float = 5.0,
+        max_connections: int | None = None,
     ) -> None:
         if (url is None) == (client is None):
             raise ValueError("pass exactly one of url= or client=")
+        size = DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"max_connections={max_connections!r} must be a whole number of at least 1, "
+                "such as max_connections=4, or None for the default"
+            )
         self._project = project
+        self._connect_timeout_s = connect_timeout_s
         if client is not None:
             self._shown = "<client passed in>"
-            self._redis = Redis(connection_pool=_derive_pool(client))
+            self._fix = "pass redis= a client of the primary (with Sentinel: master_for())"
+            self._connection_class, self._options = _options_from_client(client)
         else:
             assert url is not None
             self._shown = redact_url(url)
-            self._redis = Redis.from_url(
-                url,
-                retry=_no_retry(),
-                retry_on_timeout=False,
-                socket_connect_timeout=connect_timeout_s,
-                socket_timeout=None,  # every call is bounded by the elector's own timeout
-                max_connections=_POOL_SIZE,
-                **_no_maint_notifications(),
-            )
+            self._fix = "point redis_url at the primary"
+            self._connection_class, self._options = _options_from_url(url, connect_timeout_s)
+        self._redis = Redis(
+            connection_pool=self._pool(BlockingConnectionPool, size, timeout=POOL_WAIT_S)
+        )
         self._elect = self._redis.register_script(_scripts.ELECT)
         self._release = self._redis.register_script(_scripts.RELEASE)
         self._claim = self._redis.register_script(_scripts.CLAIM)
-        self._checked_policy = False
+        self._checked_server = False
         self._channel = _keys.release_channel(project)
+
+    @property
+    def max_connections(self) -> int:
+        """Size of the shared pool for calls."""
+        return int(self._redis.connection_pool.max_connections)
+
+    def _pool(
+        self, pool_class: type[ConnectionPool], max_connections: int, **extra: Any
+    ) -> ConnectionPool:
+        return pool_class(
+            connection_class=self._connection_class,
+            max_connections=max_connections,
+            **self._options,
+            **_no_maint_notifications(),
+            **extra,
+        )
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """See ``LeaseStore.elect``: one ``EVALSHA`` for all jobs."""
@@ -111,56 +179,159 @@ class RedisLeaseStore:
                 _keys.lock_key(self._project, request.job),
                 _keys.fence_key(self._project, request.job),
             )
-            args += (max(1, round(request.ttl_s * 1000)), request.held or "")
-        raw: list[Any] = await self._elect(keys=keys, args=args)
-        if not self._checked_policy:
-            self._checked_policy = True
-            await self._warn_if_evicting()
+            # Only a value of the form this library writes can be the caller's own.
+            held = request.held if is_lock_value(request.held) else None
+            args += (max(1, round(request.ttl_s * 1000)), held or "")
+        try:
+            raw: list[Any] = await self._elect(keys=keys, args=args)
+        except ReadOnlyError as exc:  # a renewal's PEXPIRE, refused by a replica
+            raise await self._read_only("a read-only replica") from exc
         replies = []
         for i, request in enumerate(requests):
             status, value, ttl_ms = raw[3 * i : 3 * i + 3]
             if int(status) < 0:  # the free lock could not be written: value is the error
-                replies.append(LeaseReply(request.job, False, None, None, _text(value)))
+                error = _text(value)
+                if error is not None and error.startswith(_READ_ONLY_PREFIX):
+                    raise await self._read_only("a read-only replica")
+                replies.append(LeaseReply(request.job, False, None, None, error))
                 continue
             ttl_s = None if int(ttl_ms) < 0 else int(ttl_ms) / 1000
             replies.append(LeaseReply(request.job, int(status) == 1, _text(value), ttl_s))
+        if not self._checked_server:
+            await self._check_server()
         return replies
 
-    async def release(self, node_id: str, values: dict[str, str]) -> int:
+    async def release(
+        self,
+        node_id: str,
+        values: dict[str, str],
+        last_us: Mapping[str, int] | None = None,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+    ) -> int:
         """See ``LeaseStore.release``: one script call, which also publishes the notice."""
+        values = {job: value for job, value in values.items() if is_lock_value(value)}
         if not values:
             return 0
-        keys = [_keys.lock_key(self._project, job) for job in values]
-        released: int = await self._release(keys=keys, args=[self._channel, *values.values()])
+        last_us = last_us or {}
+        keys: list[str] = []
+        args: list[str | int] = [self._channel, max_ahead_us]
+        for job, value in values.items():
+            keys += (_keys.lock_key(self._project, job), _keys.last_key(self._project, job))
+            args += (value, last_us.get(job, ""))
+        try:
+            released: int = await self._release(keys=keys, args=args)
+        except ReadOnlyError as exc:
+            raise await self._read_only("a read-only replica") from exc
         return int(released)
 
-    async def claim(self, job: str, value: str, instant_us: int) -> int:
-        """See ``LeaseStore.claim``: one script call."""
+    async def claim(
+        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+    ) -> int:
+        """See ``LeaseStore.claim``: one script call, judged on the Redis server's clock."""
+        if not is_lock_value(value):
+            return -1
         keys = [_keys.lock_key(self._project, job), _keys.last_key(self._project, job)]
-        result: int = await self._claim(keys=keys, args=[value, instant_us])
+        try:
+            result: int = await self._claim(keys=keys, args=[value, instant_us, max_ahead_us])
+        except ReadOnlyError as exc:
+            raise await self._read_only("a read-only replica") from exc
         return int(result)
 
-    async def listen_releases(self, on_release: Callable[[], None]) -> None:
-        """See ``LeaseStore.listen_releases``: a pub/sub subscription on its own connection."""
-        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+    async def listen_releases(
+        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+    ) -> None:
+        """See ``LeaseStore.listen_releases``: a subscription on a connection of its own.
+
+        The connection is checked, because a dead peer that never closed it (a failover, a
+        NAT or firewall that dropped the flow) would otherwise leave a listener that hears
+        nothing, for good: after ``keepalive_s`` without a message it sends a ``PING``, and
+        raises ``ConnectionError`` when nothing arrives within another ``keepalive_s``. The
+        subscription's confirmation is awaited the same way.
+        """
+        if not keepalive_s > 0:
+            raise ValueError(f"keepalive_s={keepalive_s!r} must be a positive number of seconds")
+        loop = asyncio.get_running_loop()
+        client = Redis(connection_pool=self._pool(ConnectionPool, 1))
+        pubsub = client.pubsub()
         try:
-            await pubsub.subscribe(self._channel)
-            async for message in pubsub.listen():
+            # Connecting (with its handshake) and sending are bounded too: on a dead peer
+            # either can wait for good, as no socket timeout is set.
+            await self._within(
+                "subscribe", pubsub.subscribe(self._channel), self._connect_timeout_s + keepalive_s
+            )
+            awaiting_since: float | None = loop.time()  # a reply is due since then
+            heard_at = loop.time()
+            while True:
+                now = loop.time()
+                if awaiting_since is not None:
+                    wait_s = awaiting_since + keepalive_s - now
+                    if wait_s <= 0:
+                        raise ConnectionError(
+                            f"the release subscription to {self._shown} got no reply within "
+                            f"{keepalive_s:g}s: its connection is dead"
+                        )
+                else:
+                    wait_s = heard_at + keepalive_s - now
+                    if wait_s <= 0:
+                        await self._within("send PING", pubsub.ping(), keepalive_s)
+                        awaiting_since = loop.time()
+                        continue
+                message = await pubsub.get_message(timeout=wait_s)
+                if message is None:
+                    continue
+                heard_at, awaiting_since = loop.time(), None
                 if message.get("type") == "message":
                     on_release()
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await client.aclose(close_connection_pool=True)
 
-    async def _warn_if_evicting(self) -> None:
-        """Lock keys carry a TTL, so every eviction policy but ``noeviction`` may evict them
-        when Redis is full, and then two nodes can lead at once: say so, once."""
+    async def _within(self, what: str, call: Awaitable[object], timeout_s: float) -> None:
+        """Await a call of the release subscription; ``ConnectionError`` past ``timeout_s``."""
         try:
-            memory = await self._redis.info("memory")
-        except Exception as exc:  # INFO may be forbidden by an ACL; the check is advisory
-            logger.debug("could not read the eviction policy of %s: %r", self._shown, exc)
+            await asyncio.wait_for(call, timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise ConnectionError(
+                f"the release subscription to {self._shown} could not {what} within "
+                f"{timeout_s:g}s: its connection is dead"
+            ) from exc
+
+    async def _read_only(self, what: str) -> StoreReadOnly:
+        """The error for a server that will not take the election's writes.
+
+        The pool's idle connections are dropped first: a Sentinel-managed connection looks up
+        the primary again when it reconnects, so the next round reaches the new primary.
+        """
+        try:
+            await self._redis.connection_pool.disconnect(inuse_connections=False)
+        except Exception as exc:  # dropping is best effort; the error below is what matters
+            logger.debug("could not drop the connections to %s: %r", self._shown, exc)
+        return StoreReadOnly(f"the Redis server at {self._shown} is {what}: {self._fix}")
+
+    async def _check_server(self) -> None:
+        """Once, after the first election call that answered: refuse a replica, and warn
+        about an eviction policy that may evict locks.
+
+        A replica whose locks are all held by nodes on the primary writes nothing, so only
+        its role gives it away; a replica with ``replica-read-only no`` would even take the
+        writes and lead alone. ``INFO`` may be forbidden by an ACL: then writes on a replica
+        are still refused with ``READONLY`` (see ``elect``), and the policy goes unchecked.
+        """
+        try:
+            info = await self._redis.info()
+        except ResponseError as exc:  # forbidden by an ACL, say: both checks are advisory
+            self._checked_server = True
+            logger.debug("could not read INFO of %s: %r", self._shown, exc)
             return
-        policy = str(memory.get("maxmemory_policy", "noeviction"))
-        if int(memory.get("maxmemory", 0) or 0) > 0 and policy != "noeviction":
+        except RedisError as exc:  # the connection failed right after the call: next round
+            logger.debug("could not read INFO of %s: %r", self._shown, exc)
+            return
+        if str(info.get("role", "master")) in ("slave", "replica"):
+            raise await self._read_only("a replica")
+        self._checked_server = True
+        policy = str(info.get("maxmemory_policy", "noeviction"))
+        if int(info.get("maxmemory", 0) or 0) > 0 and policy != "noeviction":
             logger.warning(
                 "Redis at %s has maxmemory set with maxmemory-policy %s: when it is full it "
                 "may evict lock keys, and then two nodes can run a job at once; use "

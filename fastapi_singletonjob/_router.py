@@ -55,6 +55,7 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
             project=snapshot.project,
             node_id=snapshot.node_id,
             started=snapshot.started,
+            state=snapshot.state,
             store=snapshot.store,
             job=snapshot.jobs[0],
         )

@@ -22,7 +22,20 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-__all__ = ["Cron", "FixedRate", "Interval", "Schedule"]
+__all__ = [
+    "CLAIM_EVERY_TICK_MIN_PERIOD_S",
+    "Cron",
+    "FixedRate",
+    "Interval",
+    "Policy",
+    "Schedule",
+    "count_instants",
+    "policy_of",
+]
+
+CLAIM_EVERY_TICK_MIN_PERIOD_S = 1.0
+"""Fixed-rate ticks at least this far apart are each claimed in the store before they run (a
+round trip per tick is cheap at that rate); faster ones claim the first tick of each term."""
 
 _UTC = timezone.utc
 _EPOCH = datetime(1970, 1, 1, tzinfo=_UTC)
@@ -53,6 +66,51 @@ class Schedule(Protocol):
 
 
 @dataclass(frozen=True)
+class Policy:
+    """How the engine treats a schedule's instants. Each schedule states its own, so the
+    engine never branches on schedule classes; a custom schedule may set a ``policy``
+    attribute, else it gets ``Policy()`` (every instant claimed, a missed one caught up)."""
+
+    after_run: bool = False
+    """The next instant counts from the end of the previous run, waited on the monotonic
+    clock (``Interval``); otherwise instants are wall-clock times from ``next_fire``."""
+    claims_every_instant: bool = True
+    """Claim each instant in the store before running it, so that none runs twice across
+    leaders. Without it, the first instant of each leadership term is claimed."""
+    period_s: float | None = None
+    """The nominal period, for the warning about runs that take most of it."""
+    catch_up: bool = True
+    """A node that takes over runs the last instant missed during the takeover, once, if it
+    is still within ``misfire_grace``."""
+
+
+def policy_of(schedule: Schedule) -> Policy:
+    """The schedule's policy: its ``policy`` attribute, or the default for custom ones."""
+    policy = getattr(schedule, "policy", None)
+    return policy if isinstance(policy, Policy) else Policy()
+
+
+_MAX_WALKED = 100
+"""Most instants ``count_instants`` walks one by one: each step of a cron schedule builds a
+croniter (a fraction of a millisecond), and after a wall-clock step of an hour a per-second
+job would otherwise block the event loop for seconds, long enough to lose its leases."""
+
+
+def count_instants(schedule: Schedule, start: datetime, end: datetime, limit: int) -> int:
+    """Count the instants ``t`` with ``start <= t <= end`` (at most ``limit``), ``start`` being
+    one of them: the ticks a stalled node skips. Schedules without ``ticks_between`` are
+    walked, and counted up to ``_MAX_WALKED`` only."""
+    fast = getattr(schedule, "ticks_between", None)
+    if fast is not None:
+        return min(limit, 1 + int(fast(start, end)))
+    limit = min(limit, _MAX_WALKED)
+    count, instant = 1, schedule.next_fire(start)
+    while instant is not None and instant <= end and count < limit:
+        count, instant = count + 1, schedule.next_fire(instant)
+    return count
+
+
+@dataclass(frozen=True)
 class Interval:
     """Run, then wait ``every_s`` seconds after the run ends before the next one."""
 
@@ -61,6 +119,13 @@ class Interval:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_every_us", _positive_us("every_s", self.every_s))
+
+    @property
+    def policy(self) -> Policy:
+        """Waited from the end of each run on the monotonic clock; nothing to claim."""
+        return Policy(
+            after_run=True, claims_every_instant=False, period_s=self.every_s, catch_up=False
+        )
 
     def next_fire(self, after: datetime) -> datetime:
         """Return ``after`` (the end of the previous run) plus ``every_s``, in UTC."""
@@ -91,6 +156,15 @@ class FixedRate:
         offset_us = round(_finite("offset_s", self.offset_s) * _US_PER_S) % every_us
         object.__setattr__(self, "_every_us", every_us)
         object.__setattr__(self, "_offset_us", offset_us)
+
+    @property
+    def policy(self) -> Policy:
+        """Sub-second ticks claim the first tick of each term, slower ones every tick."""
+        return Policy(
+            claims_every_instant=self.every_s >= CLAIM_EVERY_TICK_MIN_PERIOD_S,
+            period_s=self.every_s,
+            catch_up=False,
+        )
 
     def next_fire(self, after: datetime) -> datetime:
         """Return the first grid instant strictly later than ``after``, in UTC."""
@@ -165,6 +239,11 @@ class Cron:
                 f"expression={expression!r} never fires: no date matches it (such as day 31 "
                 "of a month that has 30 days or fewer); check the day, month and weekday fields"
             )
+
+    @property
+    def policy(self) -> Policy:
+        """Every instant claimed; a missed one caught up within ``misfire_grace``."""
+        return Policy()
 
     def next_fire(self, after: datetime) -> datetime | None:
         """Return the first fire time strictly later than ``after``, in the job's zone.

@@ -1,9 +1,12 @@
-"""Lua scripts that make acquire-or-renew and release atomic on the Redis server.
+"""Lua scripts that make acquire-or-renew, release and claims atomic on the Redis server.
 
-Both scripts are registered with redis-py's ``register_script``: they are sent by SHA1
+The scripts are registered with redis-py's ``register_script``: they are sent by SHA1
 (``EVALSHA``) and re-sent in full when the server answers ``NOSCRIPT`` (after a restart or a
-``SCRIPT FLUSH``). A lock's value is ``<fencing token>|<owner id>``; a node renews or deletes a
-lock only when the owner id in it is its own (node id plus a per-instance nonce).
+``SCRIPT FLUSH``). A lock's value is ``<fencing token>|<owner id>``; a node renews, deletes or
+claims with a lock only while it holds exactly the value of the node's current term (which
+names it as owner: node id plus a per-instance nonce), never an empty value. ``ELECT`` and
+``CLAIM`` read the server clock (``TIME``) before they write, which needs script effects
+replication, the default from Redis 5.0 on.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ __all__ = ["CLAIM", "ELECT", "RELEASE"]
 # KEYS[2i-1] - lock key of job i       KEYS[2i] - fence key of job i
 # ARGV[1]    - owner id of the caller
 # ARGV[2i]   - lease time of job i, in milliseconds
-# ARGV[2i+1] - the exact lock value the caller holds for job i in its current term, or ""
+# ARGV[2i+1] - the exact lock value the caller holds for job i in its current term, or "" (the
+#              caller sends "" for a value this library does not write: such a value is never
+#              the caller's, and "" itself is never renewed)
 #
 # For each job, in order, returns three values:
 #   1 if the caller holds the lock after the call (acquired or renewed), 0 if not, -1 if
-#   acquiring failed (the error message then comes second, e.g. OOM under noeviction);
+#   acquiring failed (the error message then comes second, e.g. "OOM ..." under noeviction,
+#   "READONLY ..." on a replica: the caller raises StoreReadOnly for the latter);
 #   the lock's value "<token>|<holder>" after the call (or the error message);
 #   the lock's remaining time to live in milliseconds (-1: no expiry, or an error).
 #
@@ -39,7 +45,7 @@ for i = 1, #KEYS / 2 do
   local ttl, held = ARGV[2 * i], ARGV[2 * i + 1]
   local value = redis.call('GET', lock)
   if value then
-    if value == held then
+    if held ~= '' and value == held then
       redis.call('PEXPIRE', lock, ttl)
       table.insert(out, 1)
       table.insert(out, value)
@@ -73,20 +79,40 @@ end
 return out
 """
 
-# Release the locks a node holds, and tell the other nodes at once.
+# Release the locks a node holds, record the last instant each ran, and tell the other nodes.
 #
-# KEYS[i]   - lock key of job i
-# ARGV[1]   - pub/sub channel to announce the release on
-# ARGV[1+i] - the exact value "<token>|<owner id>" the caller holds for job i
+# KEYS[2i-1] - lock key of job i       KEYS[2i] - "last instant" key of job i
+# ARGV[1]    - pub/sub channel to announce the release on
+# ARGV[2]    - how far a recorded instant may lie ahead of the server clock, in microseconds
+# ARGV[2i+1] - the exact value "<token>|<owner id>" the caller holds for job i
+# ARGV[2i+2] - the instant of the last run the caller started for job i, in µs, or ""
 #
 # Deletes a lock only while it still holds that exact value (same holder, same term), then
-# publishes the number of locks deleted when it is not zero. Returns that number.
+# publishes the number of locks deleted when it is not zero. Returns that number. An empty value
+# deletes nothing (the caller never sends a value this library does not write). With a lock it
+# deletes, it also raises the job's "last instant" to the given one (unless that lies ahead of
+# the server clock): a successor whose wall clock is behind then never runs that instant again,
+# even for schedules that claim only the first instant of a term (sub-second fixed rate).
+# That record is written with pcall: out of memory, the lock is still released.
 RELEASE = """
 local released = 0
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1 + i] then
-    redis.call('DEL', KEYS[i])
+local now_us = nil
+for i = 1, #KEYS / 2 do
+  local value, last = ARGV[2 * i + 1], ARGV[2 * i + 2]
+  if value ~= '' and redis.call('GET', KEYS[2 * i - 1]) == value then
+    redis.call('DEL', KEYS[2 * i - 1])
     released = released + 1
+    if last ~= '' then
+      if not now_us then
+        local t = redis.call('TIME')
+        now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      end
+      local instant = tonumber(last)
+      local stored = tonumber(string.match(redis.call('GET', KEYS[2 * i]) or '', '^(%d+)')) or -1
+      if instant > stored and instant <= now_us + tonumber(ARGV[2]) then
+        redis.pcall('SET', KEYS[2 * i], last .. ':' .. string.match(value, '^(%d+)|'))
+      end
+    end
   end
 end
 if released > 0 then
@@ -98,21 +124,48 @@ return released
 # Claim one instant of a job before running it, so that no instant runs twice across leaders.
 #
 # KEYS[1] - lock key of the job        KEYS[2] - "last instant" key of the job
-# ARGV[1] - the exact lock value "<token>|<owner id>" the caller holds
+# ARGV[1] - the exact lock value "<token>|<owner id>" the caller holds (never "")
 # ARGV[2] - the instant, in whole microseconds since the Unix epoch
+# ARGV[3] - how far the instant may lie ahead of the server clock, in microseconds
 #
-# Returns 1 when the caller still holds the lock and the instant is later than every instant
-# claimed before (it is recorded), 0 when it is not later (already run), -1 when the caller no
-# longer holds the lock.
+# The "last instant" key holds "<instant µs>:<fencing token of the term that claimed it>" (a bare
+# "<instant µs>" from older versions reads the same). Returns -1 when the caller no longer holds
+# the lock; 1 when the instant is the one this very term claimed last (a claim retried after its
+# reply was lost is not mistaken for another leader's); else 0 when the instant is not later
+# than every instant claimed before (already run); else 1 when it is recorded, or -2 when the
+# instant
+# is later than server time + ARGV[3]: the caller's
+# wall clock runs ahead, and recording the instant would make every node skip the instants
+# before it. Nothing is recorded then. The record is written with pcall: when Redis refuses
+# writes (out of memory under noeviction) the instant is still judged against the instants
+# recorded before, and runs, rather than silence the job while Redis is full. Times in µs since
+# the epoch stay below 2^53, so Lua's doubles hold them exactly.
 CLAIM = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if ARGV[1] == '' or redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return -1
 end
-local last = tonumber(redis.call('GET', KEYS[2])) or -1
 local instant = tonumber(ARGV[2])
+local token = string.match(ARGV[1], '^(%d+)|')
+local stored = redis.call('GET', KEYS[2])
+local last, by = -1, nil
+if stored then
+  local at, who = string.match(stored, '^(%d+):?(%d*)$')
+  last, by = tonumber(at) or -1, who
+end
+if instant == last and by == token then
+  return 1
+end
 if instant <= last then
   return 0
 end
-redis.call('SET', KEYS[2], ARGV[2])
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if instant > now_us + tonumber(ARGV[3]) then
+  return -2
+end
+local written = redis.pcall('SET', KEYS[2], ARGV[2] .. ':' .. token)
+if type(written) == 'table' and written.err and string.sub(written.err, 1, 8) == 'READONLY' then
+  return redis.error_reply(written.err)
+end
 return 1
 """

@@ -32,6 +32,9 @@ class DropReason(str, enum.Enum):
     """The lease ran out between the tick and the start of the run."""
     ALREADY_RUN = "already_run"
     """Another leader already ran this cron (or custom schedule) instant."""
+    CLOCK_AHEAD = "clock_ahead"
+    """The instant is ahead of the store's clock: this node's wall clock is wrong. Not run,
+    so that a node far in the future cannot claim, and so silence, the instants to come."""
     STORE_ERROR = "store_error"
     """The instant could not be claimed in Redis before its grace ran out: skipped, so that
     it never runs twice."""

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from ._state import DropReason, Outcome, RunRecord
+from ._engine import EngineState
+from ._snapshot import EngineSnapshot
+from ._state import DropReason, JobStats, Outcome, RunRecord
 
 if TYPE_CHECKING:
     from ._jobs import SingletonJobs
@@ -84,6 +86,8 @@ class NodeStatus(BaseModel):
     project: str
     node_id: str
     started: bool
+    state: Literal["starting", "running", "draining", "stopped"] = "stopped"
+    """The engine's life-cycle state; ``draining`` while shutdown waits for runs in flight."""
     store: StoreStatus
     jobs: list[JobStatus]
 
@@ -94,6 +98,8 @@ class JobReport(BaseModel):
     project: str
     node_id: str
     started: bool
+    state: Literal["starting", "running", "draining", "stopped"] = "stopped"
+    """The engine's life-cycle state; ``draining`` while shutdown waits for runs in flight."""
     store: StoreStatus
     job: JobStatus
 
@@ -106,67 +112,53 @@ class HealthStatus(BaseModel):
     node_id: str
 
 
-def _store_status(jobs: SingletonJobs) -> StoreStatus:
-    engine = jobs.engine
-    url = jobs.store_description
-    if engine is None:
+def _store_status(jobs: SingletonJobs, snap: EngineSnapshot | None) -> StoreStatus:
+    if snap is None:
         return StoreStatus(
-            url=url,
+            url=jobs.store_description,
             reachable=False,
             last_contact_s_ago=None,
             round_trip_ms=None,
             consecutive_failures=0,
             error="not started",
         )
-    elector = engine.elector
-    now = jobs.clock.monotonic()
-    last = elector.last_success_at
-    round_trip = elector.round_trip_s
+    store = snap.store
     return StoreStatus(
-        url=url,
-        reachable=last is not None and elector.failures == 0,
-        last_contact_s_ago=None if last is None else round(now - last, 3),
-        round_trip_ms=None if round_trip is None else round(round_trip * 1e3, 3),
-        consecutive_failures=elector.failures,
-        error=elector.last_error,
+        url=jobs.store_description,
+        reachable=store.last_success_s_ago is not None and store.failures == 0,
+        last_contact_s_ago=_round(store.last_success_s_ago),
+        round_trip_ms=None if store.round_trip_s is None else round(store.round_trip_s * 1e3, 3),
+        consecutive_failures=store.failures,
+        error=store.last_error,
     )
 
 
-def _job_status(jobs: SingletonJobs, name: str) -> JobStatus:
+def _job_status(jobs: SingletonJobs, name: str, snap: EngineSnapshot | None) -> JobStatus:
     spec = jobs.jobs[name]
-    engine = jobs.engine
-    runner = engine.runners.get(name) if engine is not None else None
-    lease = engine.elector.leases.get(name) if engine is not None else None
-    stats = runner.stats if runner is not None else None
-    leads = engine is not None and engine.elector.is_leader(name)
-    last = stats.last_run if stats is not None else None
+    job = snap.jobs.get(name) if snap is not None else None
+    stats = job.stats if job is not None else JobStats()
+    last = stats.last_run
     return JobStatus(
         name=name,
         schedule=str(spec.schedule),
         kind=spec.kind,
         enabled=spec.enabled,
-        leader=(jobs.node_id if leads else lease.holder) if lease is not None else None,
-        is_leader=leads,
-        fencing_token=(lease.token if leads else lease.holder_token) if lease else None,
-        lease_time_left_s=(
-            None
-            if engine is None or lease is None
-            else _round(engine.elector.holder_time_left(name))
-        ),
-        running=runner is not None and runner.current is not None,
-        running_since=stats.running_since if stats else None,
-        last_run=None
-        if last is None
-        else LastRun(**{**vars(last), "duration_s": round(last.duration_s, 6)}),
-        next_run=stats.next_run if stats else None,
-        runs=stats.runs if stats else 0,
-        failures=stats.failures if stats else 0,
-        timeouts=stats.timeouts if stats else 0,
-        cancelled=stats.cancelled if stats else 0,
-        dropped_ticks=stats.dropped_total if stats else 0,
-        dropped=dict(stats.dropped) if stats else dict.fromkeys(DropReason, 0),
-        not_leader_ticks=stats.not_leader if stats else 0,
-        error=None if runner is None or runner.crashed is None else repr(runner.crashed),
+        leader=job.holder if job else None,
+        is_leader=job.leads if job else False,
+        fencing_token=job.token if job else None,
+        lease_time_left_s=_round(job.time_left_s) if job else None,
+        running=job.running if job else False,
+        running_since=stats.running_since,
+        last_run=None if last is None else _last_run(last),
+        next_run=stats.next_run,
+        runs=stats.runs,
+        failures=stats.failures,
+        timeouts=stats.timeouts,
+        cancelled=stats.cancelled,
+        dropped_ticks=stats.dropped_total,
+        dropped=dict(stats.dropped),
+        not_leader_ticks=stats.not_leader,
+        error=None if job is None or job.error is None else repr(job.error),
     )
 
 
@@ -178,35 +170,45 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+def _snapshot(jobs: SingletonJobs) -> EngineSnapshot | None:
+    engine = jobs.engine
+    return None if engine is None else engine.snapshot()
+
+
 def node_status(jobs: SingletonJobs, only: str | None = None) -> NodeStatus:
     """A snapshot of this node; with ``only``, of that job alone."""
+    snap = _snapshot(jobs)
     names = [only] if only is not None else list(jobs.jobs)
     return NodeStatus(
         project=jobs.project,
         node_id=jobs.node_id,
-        started=jobs.engine is not None,
-        store=_store_status(jobs),
-        jobs=[_job_status(jobs, name) for name in names],
+        started=snap is not None,
+        state=snap.state.value if snap is not None else "stopped",
+        store=_store_status(jobs, snap),
+        jobs=[_job_status(jobs, name, snap) for name in names],
     )
 
 
 def readiness(jobs: SingletonJobs) -> str | None:
     """None when ready: the election loop runs and reached the store within one lock
     expiry; else the reason. Followers are ready too: readiness never depends on leading."""
-    engine = jobs.engine
-    if engine is None:
+    snap = _snapshot(jobs)
+    if snap is None:
         return "not started"
-    task = engine.election_task
-    if task is None or task.done():
+    if snap.state is EngineState.DRAINING:
+        return "draining: the node is shutting down and takes no new runs"
+    if snap.state is not EngineState.RUNNING:
+        return str(snap.state.value)
+    if not snap.election_alive:
         return "the election loop is not running"
-    elector = engine.elector
-    if elector.last_success_at is None:
-        return f"the lease store has not answered yet ({elector.last_error or 'connecting'})"
-    age = jobs.clock.monotonic() - elector.last_success_at
-    if age > jobs.settings.lock_expiry_s:
+    store = snap.store
+    if store.last_success_s_ago is None:
+        return f"the lease store has not answered yet ({store.last_error or 'connecting'})"
+    expiry_s = jobs.settings.lock_expiry_s
+    if store.last_success_s_ago > expiry_s:
         return (
-            f"the lease store last answered {age:.1f}s ago, more than lock_expiry="
-            f"{jobs.settings.lock_expiry_s:g}s ({elector.last_error or 'no answer'})"
+            f"the lease store last answered {store.last_success_s_ago:.1f}s ago, more than "
+            f"lock_expiry={expiry_s:g}s ({store.last_error or 'no answer'})"
         )
     return None
 
@@ -214,26 +216,24 @@ def readiness(jobs: SingletonJobs) -> str | None:
 def liveness(jobs: SingletonJobs) -> str | None:
     """None when alive; else why a loop of the library is dead or wedged. An unreachable
     store is *not* a liveness failure: restarting the process would not fix it."""
-    engine = jobs.engine
-    if engine is None:
+    snap = _snapshot(jobs)
+    if snap is None:
         return "not started"
-    task = engine.election_task
-    if task is None or task.done():
+    if not snap.election_alive:
         return "the election loop has stopped"
+    if snap.state is EngineState.RUNNING and not snap.timer_alive:
+        return "the timer has stopped"
     settings = jobs.settings
     # The longest a healthy loop can take between rounds is one call (bounded by the longest
     # lease) and one full backoff; twice that leaves room.
-    longest_lease_s = max(
-        (lease.ttl_s for lease in engine.elector.leases.values()), default=settings.lock_expiry_s
+    wedged_after_s = 2 * (
+        max(snap.longest_lease_s, settings.lock_expiry_s) + settings.max_backoff_s
     )
-    wedged_after_s = 2 * (max(longest_lease_s, settings.lock_expiry_s) + settings.max_backoff_s)
-    last = engine.elector.last_round_at or engine.started_at
-    age = jobs.clock.monotonic() - last
-    if age > wedged_after_s:
-        return f"the election loop has not completed a round for {age:.1f}s"
-    for name, runner in engine.runners.items():
-        # A custom schedule that raised is the user's code failing: a restart would fail
-        # again (and disturb the node's other jobs), so only /jobs reports it.
-        if runner.crashed is not None and runner.spec.kind != "custom":
-            return f"the schedule loop of job {name!r} died: {runner.crashed!r}"
+    if snap.last_round_s_ago > wedged_after_s:
+        return f"the election loop has not completed a round for {snap.last_round_s_ago:.1f}s"
+    for name, job in snap.jobs.items():
+        # A schedule that raised is the user's code failing (a custom schedule): a restart
+        # would fail again and disturb the node's other jobs, so only /jobs reports it.
+        if job.error is not None and jobs.jobs[name].kind != "custom":
+            return f"the schedule of job {name!r} failed: {job.error!r}"
     return None

@@ -10,13 +10,49 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 from ._clock import Clock
 
-__all__ = ["LeaseReply", "LeaseRequest", "LeaseStore", "MemoryLeaseStore", "parse_lock_value"]
+__all__ = [
+    "DEFAULT_KEEPALIVE_S",
+    "DEFAULT_MAX_AHEAD_US",
+    "LeaseReply",
+    "LeaseRequest",
+    "LeaseStore",
+    "MemoryLeaseStore",
+    "StoreReadOnly",
+    "is_lock_value",
+    "parse_lock_value",
+    "shown_lock_value",
+]
+
+DEFAULT_MAX_AHEAD_US = 1_000_000
+"""How far (µs) a claimed instant may lie ahead of the store's clock: a node whose wall clock
+runs further ahead must not record an instant that the other nodes reach only much later."""
+
+DEFAULT_KEEPALIVE_S = 5.0
+"""Silence after which the release listener checks its connection (callers pass the heartbeat)."""
+
+MAX_TOKEN = 2**63 - 1
+"""The largest fencing token a lock value can carry (a signed 64-bit integer)."""
+_MAX_TOKEN_DIGITS = len(str(MAX_TOKEN))  # 19; also keeps int() far below Python's digit limit
+SHOWN_VALUE_CHARS = 100
+"""A lock value that this library did not write is shown cut to this many characters."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_ONE_US = timedelta(microseconds=1)
+
+
+class StoreReadOnly(ConnectionError):
+    """The store refuses the writes an election needs: it is a replica, not the primary.
+
+    A ``ConnectionError``, so that callers that retry connection failures retry this too; a
+    type of its own, so that they can say what to fix.
+    """
 
 
 @dataclass(frozen=True)
@@ -40,7 +76,8 @@ class LeaseReply:
     held: bool
     """True when the calling node holds the lock now (acquired or renewed)."""
     value: str | None
-    """The lock's value, ``"<token>|<owner id>"``, or None when nobody holds it."""
+    """The lock's value, ``"<token>|<owner id>"``, or None when nobody holds it; a value that
+    this library did not write (see ``is_lock_value``) is never held."""
     ttl_s: float | None
     """Time the lock has left per the store, None when it has no expiry."""
     error: str | None = None
@@ -53,39 +90,103 @@ class LeaseReply:
 
     @property
     def holder(self) -> str | None:
-        """The owner id of the holder (``<node id>#<nonce>`` when written by this library)."""
-        return parse_lock_value(self.value)[1]
+        """The owner id of the holder (``<node id>#<nonce>`` when written by this library);
+        for a value written by something else, that value made safe to show."""
+        token, holder = parse_lock_value(self.value)
+        if token is None and holder is not None:
+            return shown_lock_value(holder)
+        return holder
 
 
 def parse_lock_value(value: str | None) -> tuple[int | None, str | None]:
-    """Split ``"<token>|<owner id>"``; a value written by something else has no token."""
+    """Split ``"<token>|<owner id>"``; a value written by something else has no token.
+
+    The token must be 1 to 19 ASCII digits and fit a signed 64-bit integer, the owner id must
+    not be empty: anything else, however long or odd, is returned whole as ``(None, value)``
+    and never raises.
+    """
     if value is None:
         return None, None
-    token, sep, holder = value.partition("|")
-    if not sep or not token.isdigit():
-        return None, value
-    return int(token), holder
+    token, sep, owner = value.partition("|")
+    if (
+        sep
+        and owner
+        and 0 < len(token) <= _MAX_TOKEN_DIGITS
+        and token.isascii()
+        and token.isdigit()
+        and 0 < int(token) <= MAX_TOKEN
+    ):
+        return int(token), owner
+    return None, value
+
+
+def is_lock_value(value: str | None) -> bool:
+    """True for a value of the form this library writes, ``"<token>|<owner id>"``: only
+    such a value can be a node's own, to renew, claim with or release."""
+    return parse_lock_value(value)[0] is not None
+
+
+def shown_lock_value(value: str) -> str:
+    """``value`` fit for logs and status: unprintable characters escaped, cut to
+    ``SHOWN_VALUE_CHARS`` characters (then ending in an ellipsis)."""
+    shown = value if value.isprintable() else repr(value)[1:-1]
+    if len(shown) > SHOWN_VALUE_CHARS:
+        return shown[:SHOWN_VALUE_CHARS] + "\u2026"
+    return shown
+
+
+def _unix_us(moment: datetime) -> int:
+    """Whole microseconds since the Unix epoch of an aware ``moment``, exactly."""
+    return (moment - _EPOCH) // _ONE_US
 
 
 class LeaseStore(Protocol):
     """Atomic lease operations on a shared store, for all jobs of one project."""
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
-        """Acquire free locks and renew held ones, all in one round trip; one reply each."""
+        """Acquire free locks and renew held ones, all in one round trip; one reply each.
+
+        A lock is renewed only when its value is exactly the request's ``held`` value and that
+        is a value this library writes (``is_lock_value``): a foreign value, ``""`` included,
+        is nobody's to renew. Raises ``StoreReadOnly`` when the store is a replica.
+        """
         ...
 
-    async def release(self, node_id: str, values: dict[str, str]) -> int:
-        """Delete each job's lock that still holds the given value, and announce it."""
+    async def release(
+        self,
+        node_id: str,
+        values: dict[str, str],
+        last_us: Mapping[str, int] | None = None,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+    ) -> int:
+        """Delete each job's lock that still holds the given value, and announce it.
+        Values this library does not write are skipped (nobody's to delete). For each lock
+        deleted, raise the job's last claimed instant to ``last_us[job]`` (the last run this
+        node started), unless it lies ahead of the store's clock by more than
+        ``max_ahead_us``: a successor never runs that instant again."""
         ...
 
-    async def claim(self, job: str, value: str, instant_us: int) -> int:
+    async def claim(
+        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+    ) -> int:
         """Record that the holder of lock value ``value`` starts ``job``'s instant
         ``instant_us``: 1 if recorded, 0 if that instant (or a later one) was already
-        claimed, -1 if ``value`` no longer holds the lock."""
+        claimed, -1 if ``value`` no longer holds the lock, -2 if the instant is ahead of the
+        store's clock by more than ``max_ahead_us`` (the caller's wall clock runs ahead;
+        nothing is recorded, so the instant does not silence the other nodes)."""
         ...
 
-    async def listen_releases(self, on_release: Callable[[], None]) -> None:
-        """Call ``on_release`` whenever a node releases locks; runs until cancelled or broken."""
+    async def listen_releases(
+        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+    ) -> None:
+        """Call ``on_release`` whenever a node releases locks; runs until cancelled or broken.
+
+        After ``keepalive_s`` of silence it checks its connection (a PING on Redis) and raises
+        ``ConnectionError`` when no reply comes within another ``keepalive_s``, so that a
+        silently dead connection ends in an error the caller retries, never in a listener that
+        hears nothing.
+        """
         ...
 
     async def ping(self) -> None:
@@ -101,7 +202,8 @@ class LeaseStore(Protocol):
 class _MemoryData:
     locks: dict[str, tuple[str, float]] = field(default_factory=dict)  # job key -> value, expiry
     fences: dict[str, int] = field(default_factory=dict)
-    claimed: dict[str, int] = field(default_factory=dict)
+    claimed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per job key: the last instant claimed (µs) and the token of the term that claimed it."""
     listeners: set[Callable[[], None]] = field(default_factory=set)
 
 
@@ -140,7 +242,7 @@ class MemoryLeaseStore:
                 current = (f"{token}|{node_id}", now + request.ttl_s)
                 self._data.locks[key] = current
                 held = True
-            elif current[0] == request.held:
+            elif is_lock_value(request.held) and current[0] == request.held:
                 current = (current[0], now + request.ttl_s)
                 self._data.locks[key] = current
                 held = True
@@ -148,34 +250,63 @@ class MemoryLeaseStore:
         await asyncio.sleep(0)  # a real store is a suspension point too
         return replies
 
-    async def release(self, node_id: str, values: dict[str, str]) -> int:
+    async def release(
+        self,
+        node_id: str,
+        values: dict[str, str],
+        last_us: Mapping[str, int] | None = None,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+    ) -> int:
         """See ``LeaseStore.release``."""
         released = 0
+        now_us = _unix_us(self._clock.now())
         for job, value in values.items():
             key = self._key(job)
             current = self._data.locks.get(key)
-            if current is not None and current[0] == value:
+            if current is not None and is_lock_value(value) and current[0] == value:
                 del self._data.locks[key]
                 released += 1
+                instant = (last_us or {}).get(job)
+                if instant is not None and instant <= now_us + max_ahead_us:
+                    token = parse_lock_value(value)[0] or 0
+                    if instant > self._data.claimed.get(key, (-1, 0))[0]:
+                        self._data.claimed[key] = (instant, token)
         if released:
             for listener in list(self._data.listeners):
                 listener()
         return released
 
-    async def claim(self, job: str, value: str, instant_us: int) -> int:
-        """See ``LeaseStore.claim``."""
+    async def claim(
+        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+    ) -> int:
+        """See ``LeaseStore.claim``; the injected clock's ``now()`` is the store's clock."""
         key = self._key(job)
         current = self._data.locks.get(key)
         await asyncio.sleep(0)
-        if current is None or current[0] != value or current[1] <= self._clock.monotonic():
+        if (
+            current is None
+            or not is_lock_value(value)
+            or current[0] != value
+            or current[1] <= self._clock.monotonic()
+        ):
             return -1
-        if instant_us <= self._data.claimed.get(key, -1):
+        last, by = self._data.claimed.get(key, (-1, 0))
+        token = parse_lock_value(value)[0]
+        if instant_us == last and by == token:
+            return 1  # this very term's claim, retried after its reply was lost
+        if instant_us <= last:
             return 0
-        self._data.claimed[key] = instant_us
+        if instant_us > _unix_us(self._clock.now()) + max_ahead_us:
+            return -2
+        self._data.claimed[key] = (instant_us, token or 0)
         return 1
 
-    async def listen_releases(self, on_release: Callable[[], None]) -> None:
-        """See ``LeaseStore.listen_releases``."""
+    async def listen_releases(
+        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+    ) -> None:
+        """See ``LeaseStore.listen_releases``; in one process there is no connection to
+        check, so ``keepalive_s`` is not used."""
         self._data.listeners.add(on_release)
         try:
             await asyncio.Event().wait()
@@ -191,6 +322,11 @@ class MemoryLeaseStore:
     def delete_lock(self, job: str) -> None:
         """Drop ``job``'s lock as an operator's ``DEL`` would (for tests)."""
         self._data.locks.pop(self._key(job), None)
+
+    def set_lock(self, job: str, value: str, ttl_s: float) -> None:
+        """Write ``job``'s lock as an operator's ``SET ... PX`` would (for tests), with any
+        value, also one this library would never write."""
+        self._data.locks[self._key(job)] = (value, self._clock.monotonic() + ttl_s)
 
     def __repr__(self) -> str:
         return f"MemoryLeaseStore(project={self._project!r})"

@@ -29,7 +29,19 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    ProxyTracerProvider,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+)
+
+try:  # the API's stand-in until an SDK sets a provider (a private name: guarded)
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
+except ImportError:  # pragma: no cover - another opentelemetry-api layout
+    _ProxyMeterProvider = metrics.NoOpMeterProvider  # type: ignore[assignment,misc]
 
 from ._state import DropReason, Outcome
 
@@ -76,6 +88,12 @@ class Telemetry:
         from . import __version__
 
         self._node_id = node_id
+        self._explicit_traces = tracer_provider is not None
+        self._explicit_metrics = meter_provider is not None
+        self.tracing = True
+        """Whether spans go anywhere (decided at ``register``, when the engine starts)."""
+        self.metering = True
+        """Whether metrics go anywhere (decided at ``register``)."""
         self._tracer = trace.get_tracer(INSTRUMENTATION, __version__, tracer_provider)
         meter = metrics.get_meter(INSTRUMENTATION, __version__, meter_provider)
         self.runs = meter.create_counter(
@@ -133,6 +151,7 @@ class Telemetry:
         self, jobs: Sequence[str], leading: Callable[[], Iterable[tuple[str, bool]]]
     ) -> None:
         """Start every per-job series at zero, so that dashboards show zeros, not gaps."""
+        self._detect()
         self._leading = leading
         for job in jobs:
             for outcome in Outcome:
@@ -147,9 +166,34 @@ class Telemetry:
 
     # -- runs -------------------------------------------------------------------------------
 
+    def _detect(self) -> None:
+        """Note whether spans and metrics go anywhere: a provider was passed, or an SDK was
+        installed by the time the engine starts. Read once: the API reads the environment on
+        every ``get_*_provider()`` call, too slow for the tick path."""
+        self.tracing = self._explicit_traces or not isinstance(
+            trace.get_tracer_provider(), _NO_TRACES
+        )
+        self.metering = self._explicit_metrics or not isinstance(
+            metrics.get_meter_provider(), _NO_METRICS
+        )
+
+    def run_span(self, ctx: JobContext) -> contextlib.AbstractContextManager[Span]:
+        """The span of one run, current while the job's code runs (its spans nest under it).
+
+        Without an SDK (or passed providers) it is a shared do-nothing context: no
+        attributes are built and no span is started on the tick path."""
+        tracing = self.tracing
+        if not (tracing or self.metering):
+            return _NO_SPAN
+        return self._run_span(ctx, tracing)
+
     @contextlib.contextmanager
-    def run_span(self, ctx: JobContext, lateness_s: float) -> Iterator[Span]:
-        """The span of one run, current while the job's code runs (its spans nest under it)."""
+    def _run_span(self, ctx: JobContext, tracing: bool) -> Iterator[Span]:
+        lateness_s = (ctx.started_at - ctx.scheduled_at).total_seconds()
+        self.lateness.record(max(lateness_s, 0.0), {ATTR_JOB: ctx.job})
+        if not tracing:
+            yield INVALID_SPAN
+            return
         attributes: dict[str, Any] = {
             ATTR_JOB: ctx.job,
             ATTR_NODE: ctx.node_id,
@@ -158,7 +202,6 @@ class Telemetry:
             ATTR_LATENESS: lateness_s,
             ATTR_ITERATION: ctx.iteration,
         }
-        self.lateness.record(max(lateness_s, 0.0), {ATTR_JOB: ctx.job})
         with self._tracer.start_as_current_span(
             SPAN_RUN,
             kind=SpanKind.INTERNAL,
@@ -172,6 +215,8 @@ class Telemetry:
         self, span: Span, job: str, outcome: Outcome, duration_s: float, error: BaseException | None
     ) -> None:
         """Count a finished run and close its span's story."""
+        if span is INVALID_SPAN and not self.metering:
+            return
         attributes = {ATTR_JOB: job, ATTR_OUTCOME: outcome.value}
         self.runs.add(1, attributes)
         self.run_duration.record(duration_s, attributes)
@@ -184,7 +229,8 @@ class Telemetry:
 
     def drop(self, job: str, reason: str, count: int = 1) -> None:
         """Count ticks that started no run."""
-        self.dropped.add(count, {ATTR_JOB: job, ATTR_REASON: reason})
+        if self.metering:
+            self.dropped.add(count, {ATTR_JOB: job, ATTR_REASON: reason})
 
     # -- election ---------------------------------------------------------------------------
 
@@ -202,6 +248,11 @@ class Telemetry:
             self.election_duration.record(seconds)
         else:
             self.election_failures.add(1, {ATTR_ERROR: type(error).__name__})
+
+
+_NO_TRACES = (ProxyTracerProvider, trace.NoOpTracerProvider)
+_NO_METRICS = (_ProxyMeterProvider, metrics.NoOpMeterProvider)
+_NO_SPAN: contextlib.AbstractContextManager[Span] = contextlib.nullcontext(INVALID_SPAN)
 
 
 def _iso(value: datetime) -> str:

@@ -68,6 +68,16 @@ class FakeClock:
             raise ValueError("time cannot go backwards")
         self._monotonic += seconds
 
+    def suspend(self, seconds: float) -> None:
+        """Move time forward as a system suspend does: the library's clock (CLOCK_BOOTTIME)
+        and the wall clock count the suspended time, but the event loop's timers
+        (CLOCK_MONOTONIC) do not, so every pending sleep still has its whole delay to go."""
+        if seconds < 0:
+            raise ValueError("time cannot go backwards")
+        self._monotonic += seconds
+        self._sleepers = [(when + seconds, order, fut) for when, order, fut in self._sleepers]
+        heapq.heapify(self._sleepers)
+
     @property
     def sleepers(self) -> int:
         """How many tasks are sleeping on this clock."""

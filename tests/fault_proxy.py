@@ -6,6 +6,7 @@ toxiproxy is not available here, so the tests put this in front of a real redis-
         client = redis.asyncio.Redis(port=proxy.port, ...)
         proxy.blackhole()      # partition: nothing gets through, connections stay open
         proxy.pass_through()   # heal
+        proxy.silence_existing()  # the connections open now die silently; new ones work
 
 Modes apply at once to existing and new connections. ``blackhole`` holds bytes the way TCP
 does during a partition: when it heals, what was sent in the meantime is delivered in order
@@ -36,6 +37,8 @@ class _Link:
         self.writers = [client]
         self.tasks: list[asyncio.Task[None]] = []
         self.aborted = False
+        self.alive = asyncio.Event()  # cleared for good by FaultProxy.silence_existing()
+        self.alive.set()
 
     def abort(self) -> None:
         """Reset both sides (RST, not FIN) and stop pumping."""
@@ -130,6 +133,13 @@ class FaultProxy:
         for link in list(self._links):
             link.abort()
 
+    def silence_existing(self) -> None:
+        """Let the connections open now die without a word, for good: they forward nothing
+        more either way and are never closed, as when the peer is gone without a RST (a
+        failover, a NAT or firewall that dropped the flow). New connections are relayed."""
+        for link in self._links:
+            link.alive.clear()
+
     def refuse(self) -> None:
         """Reset new connections as soon as they are accepted (existing ones are kept)."""
         self._refusing = True
@@ -171,8 +181,8 @@ class FaultProxy:
             link.tasks = [
                 asyncio.create_task(self._read(reader, upstream)),
                 asyncio.create_task(self._read(up_reader, downstream)),
-                asyncio.create_task(self._write(upstream, up_writer, replies=False)),
-                asyncio.create_task(self._write(downstream, writer, replies=True)),
+                asyncio.create_task(self._write(upstream, up_writer, replies=False, link=link)),
+                asyncio.create_task(self._write(downstream, writer, replies=True, link=link)),
             ]
             # Either side closing (EOF forwarded) or failing ends the whole connection.
             await asyncio.wait(link.tasks[2:], return_when=asyncio.FIRST_COMPLETED)
@@ -206,12 +216,15 @@ class FaultProxy:
         writer: asyncio.StreamWriter,
         *,
         replies: bool,
+        link: _Link | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         while True:
             due, chunk = await queue.get()
             await asyncio.sleep(max(0.0, due - loop.time()))
             await self._flowing.wait()
+            if link is not None:
+                await link.alive.wait()
             if not chunk:
                 return
             if replies and self._mode is Mode.DROP_RESPONSES:

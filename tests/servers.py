@@ -252,6 +252,21 @@ class RedisServer:
             if self._owns_dir:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
 
+    def wait_replica_synced(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Return once this server, a replica (``--replicaof`` or ``REPLICAOF``), has synced
+        with its primary: ``master_link_status:up`` in ``INFO replication``."""
+        deadline = time.monotonic() + timeout_s
+        with self.client() as client:
+            while True:
+                info = client.info("replication")
+                if info.get("role") == "slave" and info.get("master_link_status") == "up":
+                    return
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"{self!r} did not sync with its primary within {timeout_s} s: {info}"
+                    )
+                time.sleep(_POLL_S)
+
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the server log."""
         try:

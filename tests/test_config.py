@@ -30,6 +30,8 @@ from fastapi_singletonjob import (
     SingletonJobError,
     SingletonJobs,
 )
+from fastapi_singletonjob._config import min_lock_expiry_s
+from fastapi_singletonjob._election import lease_deadline
 
 LOGGER = "fastapi_singletonjob"
 ENV = "SINGLETONJOB_"
@@ -180,7 +182,9 @@ def test_redis_client_leaves_redis_url_unset() -> None:
     ],
 )
 def test_duration_accepts_timedelta_int_and_float(arg: str, value: object, seconds: float) -> None:
-    result = getattr(build(**{arg: value}).settings, arg + "_s")
+    # A 1 s heartbeat and a 30 s lease, so that each value is valid in every role.
+    kwargs: dict[str, Any] = {"heartbeat_interval": 1, "lock_expiry": 30, arg: value}
+    result = getattr(build(**kwargs).settings, arg + "_s")
     assert type(result) is float
     assert result == seconds
 
@@ -647,7 +651,7 @@ def _lease_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
     ("heartbeat", "expiry", "warns"),
     [
         pytest.param(3, 8.9, True, id="below-3x"),
-        pytest.param(1, 2, True, id="2x"),
+        pytest.param(1, 2.5, True, id="2.5x"),
         pytest.param(3, 9, False, id="exactly-3x"),
         pytest.param(3, 10, False, id="defaults"),
         pytest.param(0.1, 0.3, False, id="exactly-3x-float-rounding"),
@@ -672,7 +676,7 @@ def test_short_lock_expiry_is_logged_as_a_warning(
 
 @pytest.mark.parametrize(
     ("expiry", "warns"),
-    [pytest.param(5, True, id="below-3x"), pytest.param(9, False, id="exactly-3x")],
+    [pytest.param(7, True, id="below-3x"), pytest.param(9, False, id="exactly-3x")],
 )
 def test_short_per_job_lock_expiry_is_logged_with_the_job(
     expiry: float, warns: bool, caplog: pytest.LogCaptureFixture
@@ -683,7 +687,134 @@ def test_short_per_job_lock_expiry_is_logged_with_the_job(
     records = _lease_warnings(caplog)
     assert len(records) == (1 if warns else 0)
     if warns:
-        assert records[0].getMessage().startswith("job 'x': lock_expiry=5s")
+        assert records[0].getMessage().startswith("job 'x': lock_expiry=7s")
+
+
+# -- item 12 of issue 11: settings that cannot work ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(0, id="zero"),
+        pytest.param(0.0, id="zero-float"),
+        pytest.param(timedelta(0), id="zero-timedelta"),
+        pytest.param(-1, id="negative"),
+        pytest.param(timedelta(seconds=-1), id="negative-timedelta"),
+        pytest.param(-math.inf, id="-inf"),
+        pytest.param(0.001, id="one-millisecond"),
+        pytest.param(timedelta(milliseconds=49), id="below-the-minimum"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["cron", "schedule"])
+def test_item12_misfire_grace_zero_refused(kind: str, value: Any) -> None:
+    # A run starts a few milliseconds after its instant, so a grace of zero dropped every
+    # instant as late: the job was accepted and never ran.
+    jobs = build()
+    with pytest.raises(ConfigurationError) as caught:
+        if kind == "cron":
+            jobs.cron("x", "* * * * * *", misfire_grace=value)
+        else:
+            jobs.schedule("x", EveryMinute(), misfire_grace=value)
+    error = caught.value
+    assert (error.field, error.job) == ("misfire_grace", "x")
+    message = str(error)
+    assert message.startswith("job 'x': ")
+    assert f"misfire_grace={value!r}" in message
+    assert "at least misfire_grace=0.05" in message and "leave it unset" in message
+    assert jobs.jobs == {}
+
+
+@pytest.mark.parametrize("value", [0.05, timedelta(milliseconds=50), 1])
+def test_item12_misfire_grace_at_the_minimum_is_accepted(value: Any) -> None:
+    jobs = build()
+    jobs.cron("x", "* * * * * *", misfire_grace=value)(noop)
+    assert jobs.jobs["x"].misfire_grace_s == pytest.approx(to_seconds_of(value))
+
+
+def to_seconds_of(value: Any) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+UNWORKABLE_LEASES = [
+    pytest.param(1, 2, id="exactly-2x"),
+    pytest.param(5, 10, id="heartbeat-5s-with-the-default-expiry"),
+    pytest.param(3, 6, id="2x-of-the-default-heartbeat"),
+    pytest.param(0.1, 0.2, id="2x-sub-second"),
+    pytest.param(0.002, 0.004, id="lease-shorter-than-its-margin-never-leads"),
+    pytest.param(0.01, 0.025, id="2.5x-but-the-5ms-margin-eats-it"),
+]
+
+
+@pytest.mark.parametrize(("heartbeat", "expiry"), UNWORKABLE_LEASES)
+def test_item12_lock_expiry_that_cannot_survive_a_failed_renewal_refused(
+    heartbeat: float, expiry: float
+) -> None:
+    # Barely above the heartbeat used to pass: the lease then ended on the first failed (or
+    # slightly late) renewal, and leadership flapped, or, below the margin, never started.
+    with pytest.raises(ConfigurationError) as caught:
+        build(heartbeat_interval=heartbeat, lock_expiry=expiry)
+    error = caught.value
+    assert (error.field, error.job) == ("lock_expiry", None)
+    message = str(error)
+    minimum = min_lock_expiry_s(heartbeat)
+    assert f"lock_expiry={expiry:g}s" in message and f"heartbeat_interval={heartbeat:g}s" in message
+    assert f"raise lock_expiry to at least {minimum:g}s" in message
+    build(heartbeat_interval=heartbeat, lock_expiry=minimum)  # the fix it gives works
+    if "lower heartbeat_interval" in message:
+        lowered = float(message.split("heartbeat_interval to at most ")[1].split("s")[0])
+        build(heartbeat_interval=lowered, lock_expiry=expiry)  # and so does the other fix
+
+
+@pytest.mark.parametrize(("heartbeat", "expiry"), UNWORKABLE_LEASES)
+def test_item12_per_job_lock_expiry_that_cannot_survive_a_failed_renewal_refused(
+    heartbeat: float, expiry: float
+) -> None:
+    jobs = build(heartbeat_interval=heartbeat, lock_expiry=1000 * heartbeat)
+    with pytest.raises(ConfigurationError) as caught:
+        jobs.fixed_rate("x", 1, lock_expiry=expiry)
+    error = caught.value
+    assert (error.field, error.job) == ("lock_expiry", "x")
+    assert str(error).startswith(f"job 'x': lock_expiry={expiry:g}s is too short")
+    assert jobs.jobs == {}
+
+
+def test_item12_lock_expiry_from_the_environment_is_checked_against_the_heartbeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(ENV + "HEARTBEAT_INTERVAL", "5")  # with the default lock expiry, 10 s
+    with pytest.raises(ConfigurationError, match=r"at least 10\.617s"):
+        build()
+
+
+@pytest.mark.parametrize("heartbeat", [0.001, 0.002, 0.01, 0.05, 0.1, 0.2, 1, 3, 10, 3600])
+def test_item12_min_lock_expiry_leaves_two_heartbeats_and_a_round_trip(heartbeat: float) -> None:
+    """The rule, against the election's own deadline: what is left of the lease after the
+    safety margin covers the failed renewal, the next one and a tenth of a heartbeat."""
+    minimum = min_lock_expiry_s(heartbeat)
+    assert lease_deadline(0.0, minimum) >= 2.1 * heartbeat
+    assert lease_deadline(0.0, minimum - 0.001) < 2.1 * heartbeat  # the smallest, to the ms
+    assert minimum >= 2 * heartbeat
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "expiry"),
+    [
+        pytest.param(3, 10, id="defaults"),
+        pytest.param(0.1, 0.5, id="tests-and-chaos"),
+        pytest.param(0.05, 0.15, id="lifespan-failures-3x"),
+        pytest.param(0.02, 0.1, id="lifespan-fast"),
+        pytest.param(0.2, 1, id="quick-demo"),
+        pytest.param(0.5, 2, id="sizing-sub-second-preset"),
+        pytest.param(1, 4, id="sizing-faster-failover-preset"),
+        pytest.param(10, 40, id="sizing-large-fleet-preset"),
+        pytest.param(1, 2.2, id="just-above-the-rule"),
+    ],
+)
+def test_item12_configurations_in_use_stay_accepted(heartbeat: float, expiry: float) -> None:
+    jobs = build(heartbeat_interval=heartbeat, lock_expiry=expiry)
+    jobs.interval("x", 1, lock_expiry=expiry)(noop)
+    assert jobs.settings.lock_expiry_s == expiry
 
 
 # -- secrets --------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from fastapi_singletonjob import (
     SingletonJobs,
     _dependencies,
 )
-from fastapi_singletonjob._runner import JobRunner
+from fastapi_singletonjob._run import JobRunner
 from fastapi_singletonjob.testing import FakeClock
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)

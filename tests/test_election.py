@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import pytest
 
@@ -13,7 +13,13 @@ from fastapi_singletonjob._election import (
     lease_deadline,
     next_attempt_delay,
 )
-from fastapi_singletonjob._store import LeaseReply, LeaseRequest, MemoryLeaseStore
+from fastapi_singletonjob._store import (
+    DEFAULT_KEEPALIVE_S,
+    DEFAULT_MAX_AHEAD_US,
+    LeaseReply,
+    LeaseRequest,
+    MemoryLeaseStore,
+)
 from fastapi_singletonjob.testing import FakeClock
 
 HEARTBEAT = 1.0
@@ -34,17 +40,28 @@ class FlakyStore:
             raise ConnectionError("store unreachable")
         return await self.inner.elect(node_id, requests)
 
-    async def release(self, node_id: str, values: dict[str, str]) -> int:
+    async def release(
+        self,
+        node_id: str,
+        values: dict[str, str],
+        last_us: Mapping[str, int] | None = None,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+    ) -> int:
         if self.down:
             raise ConnectionError("store unreachable")
-        return await self.inner.release(node_id, values)
+        return await self.inner.release(node_id, values, last_us, max_ahead_us=max_ahead_us)
 
-    async def claim(self, job: str, value: str, instant_us: int) -> int:
+    async def claim(
+        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+    ) -> int:
         if self.down:
             raise ConnectionError("store unreachable")
-        return await self.inner.claim(job, value, instant_us)
+        return await self.inner.claim(job, value, instant_us, max_ahead_us=max_ahead_us)
 
-    async def listen_releases(self, on_release: Callable[[], None]) -> None:
+    async def listen_releases(
+        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+    ) -> None:
         await self.inner.listen_releases(on_release)
 
     async def ping(self) -> None:

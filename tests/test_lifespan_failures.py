@@ -261,9 +261,9 @@ async def test_a_lifespan_failure_is_reported_and_the_jobs_stop(
     else:
         assert answer["type"] == "lifespan.startup.complete", answer
         assert seen.engine_started
-        # The library really ran: election, release listener and schedule loop.
+        # The library really ran: election, release listener and timer.
         assert any("election" in name for name in seen.tasks_while_serving), seen
-        assert any("schedule" in name for name in seen.tasks_while_serving), seen
+        assert any("timer" in name for name in seen.tasks_while_serving), seen
         if where is Where.APP_BODY:
             seen.fail_body.set()
             answer = await server.ask(None)  # the application reports it unprompted
@@ -315,8 +315,8 @@ async def test_a_cancelled_shutdown_still_stops_the_jobs(framework: str) -> None
     await asyncio.wait_for(running.wait(), ANSWER_TIMEOUT_S)
     server.tell("lifespan.shutdown")
 
-    def draining() -> bool:  # the schedule loop is gone: the stop waits for the run
-        return not any("schedule" in t.get_name() for t in library_tasks())
+    def draining() -> bool:  # the stop waits for the run
+        return jobs.engine is not None and jobs.status().state == "draining"
 
     await wait_until(draining, ANSWER_TIMEOUT_S, "the shutdown drains the run")
     server.call.cancel()

@@ -57,8 +57,8 @@ def kill(jobs: SingletonJobs) -> None:
     engine.election_task.cancel()
     for runner in engine.runners.values():
         runner.stats.next_run = None
-    for task in engine._loops:
-        task.cancel()
+    assert engine.timer_task is not None
+    engine.timer_task.cancel()
 
 
 def drops(jobs: SingletonJobs, reason: DropReason) -> int:

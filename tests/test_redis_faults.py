@@ -20,6 +20,7 @@ from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
 from fastapi_singletonjob import JobContext, Outcome, SingletonJobs, _keys
+from fastapi_singletonjob._election import Lease
 
 pytestmark = pytest.mark.redis
 
@@ -120,9 +121,10 @@ async def just_after_a_round(jobs: SingletonJobs) -> None:
     await wait_until(lambda: engine.elector.last_round_at != before, 1.0, "a round", poll_s=0.001)
 
 
-async def leads_at(leading: asyncio.Event) -> float:
-    """The ``time.monotonic()`` at which a lease's ``leading`` event is set."""
-    await leading.wait()
+async def leads_at(lease: Lease) -> float:
+    """The ``time.monotonic()`` at which the node starts a term of ``lease`` (polled every
+    millisecond)."""
+    await wait_until(lambda: lease.token is not None, 5.0, "a term", poll_s=0.001)
     return time.monotonic()
 
 
@@ -325,10 +327,10 @@ async def test_graceful_stop_hands_over_at_once(
             await wait_until(lambda: subscribers() == 2, 2.0, "both nodes listen for releases")
             assert follower.engine is not None
             lease = follower.engine.elector.leases[JOB]
-            assert not lease.leading.is_set()
+            assert lease.token is None
             await runs_since(journal, time.monotonic(), 1)
             assert journal.runs[-1].node == leader.node_id
-            takeover = asyncio.create_task(leads_at(lease.leading))
+            takeover = asyncio.create_task(leads_at(lease))
             stopping_at = time.monotonic()
             await leader.stop()
             gaps.append(await asyncio.wait_for(takeover, expiry_s + 1.0) - stopping_at)

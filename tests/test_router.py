@@ -235,7 +235,7 @@ async def test_one_job_and_the_404_for_an_unknown_name(redis_url: str, unique_pr
         await ready(client)
         report = await get_json(client, f"{PREFIX}/jobs/tick")
         missing = await client.get(f"{PREFIX}/jobs/nope")
-    assert set(report) == {"project", "node_id", "started", "store", "job"}
+    assert set(report) == {"project", "node_id", "started", "state", "store", "job"}
     assert (report["project"], report["node_id"]) == (unique_project, "node-a")
     assert report["job"]["name"] == "tick"
     assert missing.status_code == 404
@@ -431,7 +431,7 @@ async def test_liveness_fails_when_a_builtin_schedule_loop_died() -> None:
         assert jobs.engine is not None
         jobs.engine.runners["boom"].crashed = RuntimeError("library bug")
         live = await get_json(client, f"{PREFIX}/health/live", 503)
-    assert live["reason"] == "the schedule loop of job 'boom' died: RuntimeError('library bug')"
+    assert live["reason"] == "the schedule of job 'boom' failed: RuntimeError('library bug')"
 
 
 # -- no secret ----------------------------------------------------------------------------
@@ -576,6 +576,7 @@ async def test_status_returns_what_get_jobs_serves() -> None:
         "late": 0,
         "lease_expired": 0,
         "already_run": 0,
+        "clock_ahead": 0,
         "store_error": 0,
     }
     assert off_view["enabled"] is False

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import pytest
 import redis
@@ -22,7 +23,13 @@ from waiting import wait_until
 from fastapi_singletonjob import _keys
 from fastapi_singletonjob._clock import SystemClock
 from fastapi_singletonjob._redis_store import RedisLeaseStore
-from fastapi_singletonjob._store import LeaseReply, LeaseRequest, LeaseStore, MemoryLeaseStore
+from fastapi_singletonjob._store import (
+    SHOWN_VALUE_CHARS,
+    LeaseReply,
+    LeaseRequest,
+    LeaseStore,
+    MemoryLeaseStore,
+)
 
 TTL_S = 1.0
 TTL_MS = round(TTL_S * 1000)
@@ -36,17 +43,19 @@ FENCE_BYTES_MAX = 120
 
 @dataclass
 class Case:
-    """One store under test, and how to count its release subscribers."""
+    """One store under test, how to count its release subscribers, and how to write a lock
+    as an operator (or another program) would: ``set_lock(job, value, ttl_s)``."""
 
     store: LeaseStore
     subscribers: Callable[[], int]
+    set_lock: Callable[[str, str, float], None]
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def case(request: pytest.FixtureRequest, unique_project: str) -> AsyncIterator[Case]:
     if request.param == "memory":
         memory = MemoryLeaseStore(unique_project, SystemClock())
-        yield Case(memory, lambda: len(memory._data.listeners))
+        yield Case(memory, lambda: len(memory._data.listeners), memory.set_lock)
         await memory.aclose()
         return
     server: RedisServer = request.getfixturevalue("redis_server")
@@ -59,8 +68,11 @@ async def case(request: pytest.FixtureRequest, unique_project: str) -> AsyncIter
             counts = dict(inspector.pubsub_numsub(channel))
             return int(counts.get(channel, 0))
 
+        def set_lock(job: str, value: str, ttl_s: float) -> None:
+            inspector.set(_keys.lock_key(unique_project, job), value, px=round(ttl_s * 1000))
+
         try:
-            yield Case(store, subscribers)
+            yield Case(store, subscribers, set_lock)
         finally:
             await store.aclose()
 
@@ -226,7 +238,8 @@ async def test_claim_records_each_instant_once_for_the_holder(case: Case) -> Non
     token = await new_term(store, "n1")
     value = f"{token}|n1"
     assert await store.claim("job", value, 1_000) == 1
-    assert await store.claim("job", value, 1_000) == 0, "the same instant again"
+    # The same term claiming the same instant again is a retry after a lost reply: its own.
+    assert await store.claim("job", value, 1_000) == 1, "this term's own claim, retried"
     assert await store.claim("job", value, 999) == 0, "an earlier instant"
     assert await store.claim("job", "1|someone-else", 2_000) == -1, "not the holder"
     assert await store.claim("job", value, 2_000) == 1
@@ -239,11 +252,84 @@ async def test_claims_survive_a_change_of_leader(case: Case) -> None:
     assert await store.release("n1", {"job": f"{first}|n1"}) == 1
     second = await new_term(store, "n2")
     assert await store.claim("job", f"{second}|n2", 5_000) == 0, "already run by n1"
+    assert await store.claim("job", f"{second}|n2", 5_000) == 0, "still n1's, retried"
     assert await store.claim("job", f"{second}|n2", 6_000) == 1
 
 
 async def test_ping(case: Case) -> None:
     await case.store.ping()
+
+
+# Values this library never writes: it writes "<1..19 digits, within int64>|<owner id>".
+FOREIGN_VALUES = {
+    "empty": "",
+    "no-separator": "garbage",
+    "no-token": "|n1",
+    "no-owner": "12|",
+    "letters": "abc|n1",
+    "zero": "0|n1",
+    "negative": "-5|n1",
+    "superscript-digit": "\u00b2|n1",
+    "20-digits": "1" * 20 + "|n1",
+    "above-int64": f"{2**63}|n1",
+    "4301-digits": "9" * 4301 + "|n1",
+}
+
+
+@pytest.mark.parametrize("value", FOREIGN_VALUES.values(), ids=FOREIGN_VALUES.keys())
+async def test_item3_a_foreign_lock_value_is_nobodys(case: Case, value: str) -> None:
+    """No node renews, claims with or releases a lock value this library did not write, not
+    even when it sends that very value as its own; the lock runs out and a term starts."""
+    store, ttl_s = case.store, 0.4
+    case.set_lock("job", value, ttl_s)
+
+    replies = [
+        await elect_one(store, "n1", ttl_s=2.0),
+        await elect_one(store, "n2", ttl_s=2.0, held=value),
+        await elect_one(store, "n3", ttl_s=2.0, held=""),
+    ]
+    for reply in replies:
+        assert not reply.held
+        assert reply.value == value
+        assert reply.token is None
+        assert reply.ttl_s is not None and reply.ttl_s <= ttl_s + MS  # never extended
+        assert reply.holder is not None and len(reply.holder) <= SHOWN_VALUE_CHARS + 1
+    assert await store.claim("job", value, 1_000) == -1
+    assert await store.release("n2", {"job": value}) == 0
+
+    taken: list[LeaseReply] = []
+
+    async def acquired() -> bool:
+        taken[:] = [await elect_one(store, "n1")]
+        return taken[0].held
+
+    await wait_until(acquired, ttl_s + 2.0, "a node acquires once the foreign lock ran out")
+    assert taken[0].token is not None and taken[0].holder == "n1"
+
+
+async def test_item3_a_long_foreign_value_is_shown_cut(case: Case) -> None:
+    value = "x" * 5000
+    case.set_lock("job", value, TTL_S)
+    reply = await elect_one(case.store, "n1")
+    assert reply.value == value
+    assert reply.holder == "x" * SHOWN_VALUE_CHARS + "\u2026"
+
+
+async def test_item11_an_instant_ahead_of_the_store_clock_is_not_claimed(case: Case) -> None:
+    """A node whose wall clock runs a year ahead must not record its instant: that would make
+    every node skip every instant for a year."""
+    store = case.store
+    token = await new_term(store, "n1")
+    value = f"{token}|n1"
+    now_us = int(datetime.now(timezone.utc).timestamp() * 1_000_000)
+    year_us = 365 * 24 * 3600 * 1_000_000
+
+    assert await store.claim("job", value, now_us + year_us) == -2
+    assert await store.claim("job", "1|someone-else", now_us + year_us) == -1, "holder first"
+    assert await store.claim("job", value, now_us - 1_000_000) == 1, "nothing was recorded"
+    assert await store.claim("job", value, now_us + 60_000_000) == -2
+    assert await store.claim("job", value, now_us + 60_000_000, max_ahead_us=120_000_000) == 1
+    assert await store.claim("job", value, now_us + 100_000) == 0, "the later one was recorded"
 
 
 # --- Redis only --------------------------------------------------------------------------------

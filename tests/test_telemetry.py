@@ -170,6 +170,7 @@ async def test_series_start_at_zero_for_every_registered_job(
         "late",
         "lease_expired",
         "already_run",
+        "clock_ahead",
         "store_error",
         "not_leader",
     }

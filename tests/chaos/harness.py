@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +47,8 @@ __all__ = [
     "Replica",
     "Results",
     "Timing",
+    "faketime_env",
+    "faketime_problem",
     "full_only",
     "libfaketime",
     "needs_faketime",
@@ -93,6 +98,100 @@ needs_faketime = pytest.mark.skipif(
     libfaketime() is None,
     reason=f"libfaketime is not installed (apt-get install faketime, or set {FAKETIME_ENV})",
 )
+
+
+def faketime_env(library: str, clock_file: Path) -> dict[str, str]:
+    """The environment that puts a process under libfaketime the way a real NTP step moves
+    a machine's clocks: ``CLOCK_REALTIME`` follows the offset in ``clock_file`` (re-read on
+    every clock call), ``CLOCK_MONOTONIC`` and ``CLOCK_BOOTTIME`` (lease deadlines, asyncio's
+    timers, the journal) are left alone, as the kernel leaves them when the wall clock steps.
+
+    Two libfaketime bugs bite such a process (0.9.10, Debian 12's, on glibc >= 2.30), both
+    because libfaketime converts *absolute monotonic deadlines* as if monotonic time were
+    faked, even with ``FAKETIME_DONT_FAKE_MONOTONIC=1``:
+
+    - ``pthread_cond_timedwait`` on a ``CLOCK_MONOTONIC`` condition variable gets a deadline
+      in the distant past and returns at once. CPython's GIL hand-off is such a wait (5 ms),
+      so with two busy threads the waiting one spins and the process runs about 100 times
+      slower. ``FAKETIME_FORCE_MONOTONIC_FIX=0`` makes libfaketime pass the deadline through
+      unchanged, which is exactly right when monotonic time is not faked (fixed upstream
+      after 0.9.12).
+    - ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)`` gets a negative deadline: EINVAL.
+      Python >= 3.11 implements ``time.sleep`` with it, so ``time.sleep`` raises
+      ``OSError: [Errno 22] Invalid argument`` in every thread, at every offset (``+0``
+      too). No setting avoids it (fixed in 0.9.11, libfaketime issue #426): the replica
+      blocks with ``replica.blocking_sleep`` instead, and the library never calls
+      ``time.sleep``. A real NTP step does neither of these things.
+    """
+    return {
+        "LD_PRELOAD": library,
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_FORCE_MONOTONIC_FIX": "0",
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_TIMESTAMP_FILE": str(clock_file),
+    }
+
+
+_CLOCKS_PROBE = (
+    "import time; print(time.clock_gettime(time.CLOCK_REALTIME), "
+    "time.clock_gettime(time.CLOCK_MONOTONIC), time.clock_gettime(time.CLOCK_BOOTTIME))"
+)
+_PROBE_STEP_S = 3600.0
+
+
+def _clocks() -> tuple[float, float, float]:
+    return (
+        time.clock_gettime(time.CLOCK_REALTIME),
+        time.clock_gettime(time.CLOCK_MONOTONIC),
+        time.clock_gettime(time.CLOCK_BOOTTIME),
+    )
+
+
+@functools.cache
+def faketime_problem(library: str) -> str | None:
+    """None when ``faketime_env`` models an NTP step with ``library``: a child process sees
+    its wall clock stepped by +1 h and its monotonic and boot-time clocks unchanged (those
+    clocks are machine-wide, so the child's readings must fall between two of this
+    process's). Else what is wrong: the clock rows would not test what they claim to.
+    Checked once per session."""
+    with tempfile.TemporaryDirectory() as tmp:
+        clock_file = Path(tmp) / "probe.faketime"
+        clock_file.write_text(f"{_PROBE_STEP_S:+.6f}\n")
+        env = {**os.environ, **faketime_env(library, clock_file)}
+        before = _clocks()
+        done = subprocess.run(
+            [sys.executable, "-c", _CLOCKS_PROBE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=STARTUP_S,
+            check=False,
+        )
+        after = _clocks()
+    try:
+        seen = tuple(float(x) for x in done.stdout.split())
+    except ValueError:
+        seen = ()
+    if done.returncode != 0 or len(seen) != 3:
+        return f"python under {library} failed (exit {done.returncode}): {done.stderr[-500:]}"
+    step = (_PROBE_STEP_S, 0.0, 0.0)
+    wrong = [
+        f"{name} moved by {value - low:+.3f} s, not {offset:+.0f} s"
+        for name, value, low, high, offset in zip(
+            ("CLOCK_REALTIME", "CLOCK_MONOTONIC", "CLOCK_BOOTTIME"),
+            seen,
+            before,
+            after,
+            step,
+            strict=True,
+        )
+        if not low + offset - 0.001 <= value <= high + offset + 0.001
+    ]
+    if wrong:
+        return f"{library} does not model an NTP step (only the wall clock moves): " + "; ".join(
+            wrong
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -182,13 +281,10 @@ class Replica:
         if self.clock_offset is not None:
             library = libfaketime()
             assert library is not None, "libfaketime is not installed"
+            problem = faketime_problem(library)
+            assert problem is None, problem
             self.set_clock(self.clock_offset)
-            env.update(
-                LD_PRELOAD=library,
-                FAKETIME_DONT_FAKE_MONOTONIC="1",
-                FAKETIME_NO_CACHE="1",
-                FAKETIME_TIMESTAMP_FILE=str(self.clock_file),
-            )
+            env.update(faketime_env(library, self.clock_file))
         if self.http:
             self.port = free_port()
             env[CONFIG_ENV] = str(config_path)
@@ -371,9 +467,11 @@ class Cluster:
         password: str | None = None,
         username: str | None = None,
         extra: dict[str, Any] | None = None,
+        watch_loop: bool = False,
         start: bool = True,
     ) -> Replica:
-        """Configure (and by default start) a replica; ``url`` defaults to the store."""
+        """Configure (and by default start) a replica; ``url`` defaults to the store.
+        ``watch_loop``: journal every stall of its event loop (``stalls``)."""
         timing = timing or self.timing
         if url is None:
             assert self.store is not None, "start the store with cluster.redis() first"
@@ -394,6 +492,7 @@ class Cluster:
             electors=electors,
             client_pool=client_pool,
             extra=extra or {},
+            watch_loop=watch_loop,
         )
         replica = Replica(name, config, self.workdir, http=http, clock_offset=clock_offset)
         assert name not in self.replicas, f"replica {name} exists"
@@ -449,6 +548,11 @@ class Cluster:
     def terms(self, job: str) -> list[Term]:
         """The leadership terms of ``job`` so far."""
         return terms(self.events(), job)
+
+    def stalls(self, replica: Replica, since: float = 0.0) -> list[float]:
+        """How long each event-loop stall of ``replica`` (started with ``watch_loop``) that
+        ended after ``since`` lasted, in seconds."""
+        return [float(e.data["late"]) for e in replica.events() if e.ev == "stall" and e.t > since]
 
     def leader(self, job: str) -> str | None:
         """Node id of the latest term of ``job``."""

@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import time
@@ -43,13 +44,15 @@ import redis.asyncio
 from fastapi import FastAPI
 
 from fastapi_singletonjob import JobContext, SingletonJobs
-from fastapi_singletonjob._runner import JobRunner
+from fastapi_singletonjob._run import JobRunner
 
 __all__ = [
     "CONFIG_ENV",
     "FENCE_SCRIPT",
+    "STALL_S",
     "JobConfig",
     "ReplicaConfig",
+    "blocking_sleep",
     "counter_key",
     "create_app",
     "fence_keys",
@@ -91,9 +94,21 @@ return 1
 """
 
 
+STALL_S = 0.05
+"""A replica started with ``watch_loop`` journals every event-loop stall longer than this."""
+_WATCH_PERIOD_S = 0.01
+
+
 def now() -> float:
     """The journal clock: ``CLOCK_MONOTONIC``, comparable across the machine's processes."""
     return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def blocking_sleep(seconds: float) -> None:
+    """``time.sleep`` that also works under libfaketime 0.9.10 (see ``harness.faketime_env``:
+    there ``time.sleep`` raises EINVAL on Python >= 3.11). ``select`` waits a relative
+    timeout, which libfaketime leaves alone, and Python resumes it after a signal."""
+    select.select([], [], [], max(seconds, 0.0))
 
 
 def counter_key(project: str, job: str) -> str:
@@ -145,6 +160,9 @@ class ReplicaConfig:
     client_pool: int = 0
     """Above 0: pass ``redis=`` an application client with this many connections at most."""
     extra: dict[str, Any] = field(default_factory=dict)
+    watch_loop: bool = False
+    """Journal a ``stall`` (its length in ``late``) whenever the event loop did not run for
+    more than ``STALL_S``: what a blocking call costs the election's heartbeats."""
 
     def dump(self, path: Path) -> None:
         """Write the config as JSON."""
@@ -347,7 +365,7 @@ class Node:
         value = int(await self.witness.get(counter) or 0)
         if behavior == "block_loop" and ctx.iteration == job.block_on:
             self.journal.write("block", seconds=job.hold_s, **base)
-            time.sleep(job.hold_s)  # noqa: ASYNC251 - the fault: the event loop is blocked
+            blocking_sleep(job.hold_s)  # the fault: the event loop is blocked
             self.journal.write("unblock", **base)
         step_s = job.run_s / max(job.steps, 1)
         cancelled_at: float | None = None
@@ -390,7 +408,7 @@ class Node:
             value = int(self.sync_witness.get(counter) or 0)
             for step in range(max(job.steps, 1) + 1):
                 if step:
-                    time.sleep(job.run_s / max(job.steps, 1))
+                    blocking_sleep(job.run_s / max(job.steps, 1))
                 sent = now()
                 accepted = self.sync_fence(keys=keys, args=[ctx.fencing_token])
                 self.journal.write("write", ok=bool(accepted), sent=sent, **base)
@@ -404,6 +422,7 @@ class Node:
     @contextlib.asynccontextmanager
     async def running(self, app: object = None) -> AsyncIterator[None]:
         """Start every elector; on exit stop them, journal their counters and close up."""
+        watcher = asyncio.create_task(self._watch_loop()) if self.config.watch_loop else None
         try:
             async with contextlib.AsyncExitStack() as stack:
                 for jobs in self.electors:
@@ -416,7 +435,19 @@ class Node:
                 if engine is not None:
                     self._stats(node, engine.runners)
         finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
             await self._close()
+
+    async def _watch_loop(self) -> None:
+        while True:
+            asleep = now()
+            await asyncio.sleep(_WATCH_PERIOD_S)
+            late = now() - asleep - _WATCH_PERIOD_S
+            if late > STALL_S:
+                self.journal.write("stall", late=late, since=asleep + _WATCH_PERIOD_S)
 
     def _stats(self, node: str, runners: dict[str, JobRunner]) -> None:
         for name, runner in runners.items():

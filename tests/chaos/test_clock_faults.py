@@ -1,24 +1,36 @@
 """Rows 23-25, 39 and 40: wall-clock steps on one replica, DST, and cron across takeovers.
 
-Clock faults use libfaketime on one replica with ``FAKETIME_DONT_FAKE_MONOTONIC=1``,
-``FAKETIME_NO_CACHE=1`` and a ``FAKETIME_TIMESTAMP_FILE`` (``+3600``, ``-30``, ...) that the
-test rewrites while the replica runs: its wall clock steps, its monotonic clock (leases,
-timeouts, the journal) does not. Cron and custom instants are claimed in Redis before they
-run (the "last instant" key), so none runs twice across leaders or clock steps; an instant
-missed while no node led is caught up once by the new leader within ``misfire_grace``
-(default: until the next instant).
+Clock faults use libfaketime on one replica (``harness.faketime_env``): a
+``FAKETIME_TIMESTAMP_FILE`` (``+3600``, ``-30``, ...) that the test rewrites while the replica
+runs steps its wall clock, and only that, as a real NTP step does: its monotonic clocks
+(leases, asyncio's timers, the journal) do not move, which the harness checks once per
+session. Cron and custom instants are claimed in Redis before they run (the "last instant"
+key), so none runs twice across leaders or clock steps; an instant missed while no node led
+is caught up once by the new leader within ``misfire_grace`` (default: until the next
+instant).
+
+What libfaketime cannot show: the clocks of the other processes (Redis, the follower) stay
+put, as they would when NTP steps one host; and the step reaches the replica through its
+clock reads, not through a kernel wait already pending on the wall clock (the library has
+none: asyncio waits relative timeouts on ``CLOCK_MONOTONIC``). Row 23 also runs in-process on
+a stepped clock, without libfaketime.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob._clock import SYSTEM_CLOCK
+
 from .checker import Run, duplicates, max_concurrent
-from .harness import TOL_S, Cluster, Results, full_only, needs_faketime, now
+from .harness import TOL_S, Cluster, Results, Timing, full_only, needs_faketime, now
 from .replica import JobConfig
 
 RATE = JobConfig("rate", kind="rate", every=0.2, run_s=0.02)
@@ -38,10 +50,23 @@ def increasing(runs: Sequence[Run]) -> bool:
     return True
 
 
-async def faketime_leader(cluster: Cluster, jobs: list[JobConfig]) -> None:
+def on_grid(instant: float, every_s: float) -> bool:
+    """True when ``instant`` (Unix seconds) is a whole multiple of ``every_s``."""
+    ticks = round(instant / every_s)
+    return abs(instant - ticks * every_s) < 1e-4
+
+
+def between(runs: Sequence[Run], start: float, end: float) -> list[Run]:
+    """The runs that started in ``(start, end]`` (journal clock)."""
+    return [run for run in runs if start < run.start <= end]
+
+
+async def faketime_leader(
+    cluster: Cluster, jobs: list[JobConfig], *, watch_loop: bool = False
+) -> None:
     """The store, a leader ``f`` under libfaketime (offset 0 for now), and a follower."""
     cluster.redis()
-    leader = cluster.replica("f", jobs, clock_offset=0.0)
+    leader = cluster.replica("f", jobs, clock_offset=0.0, watch_loop=watch_loop)
     await cluster.ready(leader)
     for job in jobs:
         assert await cluster.wait_leader(job.name) == "f"
@@ -50,40 +75,153 @@ async def faketime_leader(cluster: Cluster, jobs: list[JobConfig]) -> None:
     await cluster.until_runs(CRON.name, 2, since=now(), timeout_s=10)
 
 
+STEP_S = 3600.0
+
+
 @needs_faketime
 async def test_row23_leader_wall_clock_jumps_forward(cluster: Cluster, record: Results) -> None:
+    # An NTP step of +1 h on the leader, then its correction, a step of -1 h.
     jobs = [RATE, INTERVAL, CRON]
-    await faketime_leader(cluster, jobs)
-    jumped_at = now()
-    cluster.replicas["f"].set_clock(3600.0)
+    await faketime_leader(cluster, jobs, watch_loop=True)
+    leader = cluster.replicas["f"]
+    wall = time.time() - now()  # the real wall clock, on the journal clock
+    leader.set_clock(STEP_S)
+    stepped_at = now()
     await cluster.sleep(3.0)
-    after = {job.name: [r for r in cluster.runs(job.name) if r.start > jumped_at] for job in jobs}
-    terms = {job.name: len(cluster.terms(job.name)) for job in jobs}
-    # The step is corrected: the leader's cron instants are now an hour behind the last
-    # instant claimed in Redis.
+    leader.set_clock(0.0)
     corrected_at = now()
-    cluster.replicas["f"].set_clock(0.0)
     await cluster.sleep(3.0)
-    cron_after_fix = [r for r in cluster.runs(CRON.name) if r.start > corrected_at]
+    ended_at = now()
+    # A run the replica fired just before a step may be journaled just after it: skip 50 ms.
+    stepped = {
+        job.name: between(cluster.runs(job.name), stepped_at + 0.05, corrected_at) for job in jobs
+    }
+    corrected = {
+        job.name: between(cluster.runs(job.name), corrected_at + 0.05, ended_at) for job in jobs
+    }
+    terms = {job.name: len(cluster.terms(job.name)) for job in jobs}
+    stall = max(cluster.stalls(leader, since=stepped_at), default=0.0)
     record.add(
         "23",
         "leader-clock+1h",
         terms=terms,
-        rate_runs_3s=len(after["rate"]),
-        interval_runs_3s=len(after["interval"]),
-        cron_runs_3s=len(after["cron"]),
-        cron_runs_3s_after_correction=len(cron_after_fix),
+        longest_loop_stall_s=stall,
+        rate_runs_3s=len(stepped["rate"]),
+        interval_runs_3s=len(stepped["interval"]),
+        cron_runs_3s=len(stepped["cron"]),
+        interval_runs_3s_after_correction=len(corrected["interval"]),
+        rate_runs_3s_after_correction=len(corrected["rate"]),
+        cron_runs_3s_after_correction=len(corrected["cron"]),
     )
-    assert terms == {job.name: 1 for job in jobs}  # leases run on the monotonic clock
-    assert len(after["rate"]) >= 10 and len(after["interval"]) >= 10  # cadence unchanged
-    assert len(after["cron"]) >= 2
+    # Leases run on the monotonic clock, which no step moves: one term per job through both
+    # steps. Only a stall of the leader's event loop longer than its lease could end a term.
+    assert terms == {job.name: 1 for job in jobs}, (
+        f"longest stall of the leader's event loop after the step: {stall:.3f} s "
+        f"(the lease is {cluster.timing.lease_s:.3f} s)\n{cluster.describe()}"
+    )
+    # After +1 h: fixed rate goes on at its cadence, on its grid of the stepped clock, and
+    # interval at its cadence (it waits on the monotonic clock).
+    assert len(stepped["rate"]) >= 10 and len(stepped["interval"]) >= 10
+    for run in stepped["rate"]:
+        assert on_grid(run.scheduled, RATE.every), run
+        assert -0.01 <= wall + run.start + STEP_S - run.scheduled <= TOL_S, run
+    # Cron either goes on, on the whole seconds of the stepped clock (its claims succeed), or
+    # the store refuses instants an hour ahead of its own clock and the leader says so.
+    for run in stepped["cron"]:
+        assert on_grid(run.scheduled, 1.0), run
+        assert -0.01 <= wall + run.start + STEP_S - run.scheduled <= TOL_S, run
+    assert len(stepped["cron"]) >= 2 or cluster.log_has("is ahead of the store's clock", leader)
+    # After the correction: interval keeps its cadence; fixed rate and cron run nothing at or
+    # before an instant already run (they wait for the wall clock to pass it again).
+    assert len(corrected["interval"]) >= 10
     for job in jobs:
         runs = cluster.runs(job.name)
         assert max_concurrent(runs) == 1
         if job.kind != "interval":
             assert duplicates(runs) == {}
-    # Skipped occurrences are not run; no cron instant runs twice or out of order.
-    assert increasing(cluster.runs(CRON.name))
+            assert increasing(runs), job.name
+
+
+class SteppedClock:
+    """The system clock, with a wall clock that a test steps as NTP does: the monotonic clock
+    (leases, sleeps) never moves with it."""
+
+    def __init__(self) -> None:
+        self.step = timedelta()
+
+    def monotonic(self) -> float:
+        """See ``Clock.monotonic``."""
+        return SYSTEM_CLOCK.monotonic()
+
+    def now(self) -> datetime:
+        """See ``Clock.now``: the system's wall clock plus the step."""
+        return SYSTEM_CLOCK.now() + self.step
+
+    async def sleep(self, seconds: float) -> None:
+        """See ``Clock.sleep``."""
+        await SYSTEM_CLOCK.sleep(seconds)
+
+
+async def longest_stall(until: asyncio.Event, period_s: float = 0.01) -> float:
+    """The longest time this event loop did not run a ``period_s`` sleeper, until ``until``."""
+    longest = 0.0
+    while not until.is_set():
+        asleep = time.monotonic()
+        await asyncio.sleep(period_s)
+        longest = max(longest, time.monotonic() - asleep - period_s)
+    return longest
+
+
+async def test_row23_wall_clock_step_in_process(
+    unique_project: str, record: Results, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Row 23 without libfaketime, on the chaos timings: a leader of a per-second cron job and
+    # a fixed-rate job whose wall clock steps +1 h, then back. Reacting to the step must not
+    # block the event loop (the election's heartbeats run on it), and no term may end.
+    timing = Timing()
+    clock = SteppedClock()
+    jobs = SingletonJobs(
+        "memory://",
+        project=unique_project,
+        node_id="a",
+        clock=clock,
+        heartbeat_interval=timing.heartbeat,
+        lock_expiry=timing.lock_expiry,
+    )
+    tokens: dict[str, set[int]] = {"cron": set(), "rate": set()}
+    cron_runs: list[datetime] = []
+
+    @jobs.cron("cron", "* * * * * *")
+    async def cron(ctx: JobContext) -> None:
+        tokens["cron"].add(ctx.fencing_token)
+        cron_runs.append(ctx.scheduled_at)
+
+    @jobs.fixed_rate("rate", every=0.2)
+    async def rate(ctx: JobContext) -> None:
+        tokens["rate"].add(ctx.fencing_token)
+
+    caplog.set_level(logging.WARNING, logger="fastapi_singletonjob")
+    async with jobs:
+        deadline = time.monotonic() + 10.0
+        while len(cron_runs) < 2:
+            assert time.monotonic() < deadline, "the cron job never ran twice"
+            await asyncio.sleep(0.01)
+        done = asyncio.Event()
+        watcher = asyncio.create_task(longest_stall(done))
+        clock.step = timedelta(seconds=STEP_S)
+        await asyncio.sleep(2.5)
+        runs_after_step = len(cron_runs)
+        clock.step = timedelta()
+        await asyncio.sleep(1.5)
+        done.set()
+        stall = await watcher
+    lost = [r.getMessage() for r in caplog.records if "lost leadership" in r.getMessage()]
+    record.add("23", "in-process-clock+1h", longest_loop_stall_s=stall, terms_lost=len(lost))
+    assert lost == [], f"longest event-loop stall: {stall:.3f} s"
+    assert {job: len(seen) for job, seen in tokens.items()} == {"cron": 1, "rate": 1}
+    assert stall < timing.lease_s - timing.heartbeat, "a wall-clock step blocked the loop"
+    assert runs_after_step > 2  # cron went on after the step
+    assert cron_runs == sorted(set(cron_runs))  # no instant twice, none out of order
 
 
 @needs_faketime

@@ -268,7 +268,7 @@ async def test_row07_sigstop_a_follower(cluster: Cluster, record: Results) -> No
 async def test_row30_event_loop_blocked_in_the_leader(
     cluster: Cluster, record: Results, rep: int
 ) -> None:
-    # The third run calls time.sleep(2T) inside its coroutine: the whole event loop of the
+    # The third run blocks in a sleep of 2T inside its coroutine: the whole event loop of the
     # leader (renewals included) stands still.
     t = cluster.timing
     block_s = 2 * t.lock_expiry

@@ -1,11 +1,10 @@
-"""Runs one job on the node that leads it, on its schedule.
+"""*How* a job runs: claim its instant, run it on the loop or in a thread, watch its deadline,
+record how it ended. *When* it runs is the ticker's business (``_ticker.py``).
 
-Each job has a schedule loop (cancelled at shutdown: it only decides *when*) and at most one
-run in flight (a separate task, drained at shutdown). A tick that comes while a run is still
-going is dropped and counted, never queued; a node that wakes after later ticks were already
-due runs none of them and waits for the next (no burst after a stall). Leadership is checked
-synchronously right before the job's code starts, so a node whose lease ran out, even while
-its event loop was blocked, never starts a run.
+A job has at most one run in flight: a tick that comes while a run is still going is dropped
+and counted, never queued. Leadership is checked synchronously right before the job's code
+starts, so a node whose lease ran out, even while its event loop was blocked, never starts a
+run.
 """
 
 from __future__ import annotations
@@ -15,6 +14,8 @@ import contextlib
 import contextvars
 import functools
 import logging
+import random
+from collections.abc import Callable
 from concurrent.futures import Executor
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -23,7 +24,7 @@ from ._clock import Clock
 from ._context import JobContext
 from ._election import Elector, Lease
 from ._job import JobSpec
-from ._schedule import FixedRate, Interval
+from ._schedule import policy_of
 from ._state import DropReason, JobStats, Outcome, RunRecord
 from ._telemetry import NOT_LEADER, Telemetry
 
@@ -31,14 +32,13 @@ __all__ = ["JobRunner"]
 
 logger = logging.getLogger("fastapi_singletonjob.runner")
 
-_MAX_SLEEP_S = 60.0  # re-read the wall clock at least this often while waiting for a tick
-_MAX_COUNTED_TICKS = 10_000
 _CLAIM_RETRY_S = 0.05
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_ONE_US = timedelta(microseconds=1)
 
 
 class JobRunner:
-    """Schedules and supervises the runs of one job on this node."""
+    """Starts and supervises the runs of one job on this node."""
 
     def __init__(
         self,
@@ -53,100 +53,26 @@ class JobRunner:
     ) -> None:
         self.spec = spec
         self.stats = JobStats()
-        self._lease = lease
+        self.lease = lease
         self._elector = elector
         self._clock = clock
         self._executor = executor
         self._app = app
         self._telemetry = telemetry or Telemetry(elector.node_id)
         self._warned: set[str] = set()
-        # Instants of cron and custom schedules are claimed in the store before they run:
-        # worth a round trip for schedules that fire seldom, not for sub-second ticks.
-        self._claims = spec.kind in ("cron", "custom")
+        self.policy = policy_of(spec.schedule)
+        self._is_async = spec.is_async
+        self._claimed_term: int | None = None
+        """The last term whose first instant was claimed (schedules that claim only that)."""
         self._iteration = 0
         self.current: asyncio.Task[None] | None = None
         """The run in flight, if any."""
         self.crashed: BaseException | None = None
-        """Why the schedule loop died, if it did."""
+        """Why the job's schedule failed on this node, if it did."""
+        self.on_run_end: Callable[[JobRunner], None] | None = None
+        """Called when a run (or an attempt to start one) has ended."""
 
-    # -- scheduling -----------------------------------------------------------------------
-
-    async def loop(self) -> None:
-        """Decide when to run, until cancelled or until the schedule has no more instants.
-
-        When the loop ends for good (no more instants, or the schedule itself raised), the
-        node resigns the job's lease so that the lock is not held by a node that never runs
-        it; a run in flight is left to finish.
-        """
-        try:
-            if isinstance(self.spec.schedule, Interval):
-                await self._interval_loop(self.spec.schedule)
-            else:
-                await self._instant_loop()
-            logger.info("job %r has no more fire times on node %s", self.spec.name, self._node)
-        except Exception as exc:
-            self.crashed = exc
-            logger.exception(
-                "the schedule of job %r failed on node %s; the job stops on this node",
-                self.spec.name,
-                self._node,
-            )
-        self.stats.next_run = None
-        if self.current is not None:
-            await asyncio.wait({self.current})
-        await self._elector.resign(self.spec.name)
-
-    async def _interval_loop(self, schedule: Interval) -> None:
-        # Run as soon as this node leads, then wait `every` after each run ends.
-        while True:
-            await self._lease.leading.wait()
-            scheduled_at = self._clock.now()
-            self.stats.next_run = None  # known once this run has ended
-            run = self.start(scheduled_at)
-            if run is not None:
-                await asyncio.wait({run})  # not cancelled with this loop: drained at shutdown
-                due = schedule.next_fire(self._clock.now())
-            else:
-                due = self._clock.now() + timedelta(seconds=schedule.every_s)
-            self.stats.next_run = due
-            await self._sleep_until(due)
-
-    async def _instant_loop(self) -> None:
-        schedule = self.spec.schedule
-        previous = self._clock.now()
-        missed: datetime | None = None  # the last instant, passed while another node led
-        while True:
-            due = schedule.next_fire(previous)
-            if due is None:
-                return
-            self.stats.next_run = due
-            if await self._sleep_until(due, wake_on_leadership=missed is not None):
-                # This node took over between two instants. The previous leader may have died
-                # before running the last one: run it now, once; the claim skips it if the
-                # previous leader did run it.
-                if missed is not None:
-                    if self._within_grace(missed, self._clock.now()):
-                        self.start(missed)
-                    else:
-                        self._drop(DropReason.LATE)
-                missed = None
-                continue
-            now = self._clock.now()
-            following = schedule.next_fire(due)
-            grace = self.spec.misfire_grace_s
-            if following is not None and following <= now:
-                self._drop(DropReason.LATE, self._count_ticks(due, now))
-                previous = now
-                continue
-            if grace is not None and (now - due).total_seconds() > grace:
-                self._drop(DropReason.LATE, 1)
-                previous = due
-                continue
-            previous = due
-            started = self.start(due)
-            missed = due if started is None and self._claims and self._lease.token is None else None
-
-    def _within_grace(self, instant: datetime, now: datetime) -> bool:
+    def within_grace(self, instant: datetime, now: datetime) -> bool:
         """Whether a run for ``instant`` may still start at ``now``: within ``misfire_grace``,
         or by default until the following instant."""
         if self.spec.misfire_grace_s is not None:
@@ -154,85 +80,74 @@ class JobRunner:
         following = self.spec.schedule.next_fire(instant)
         return following is None or now < following
 
-    def _count_ticks(self, due: datetime, now: datetime) -> int:
-        schedule = self.spec.schedule
-        if isinstance(schedule, FixedRate):
-            return 1 + schedule.ticks_between(due, now)
-        count, instant = 1, schedule.next_fire(due)
-        while instant is not None and instant <= now and count < _MAX_COUNTED_TICKS:
-            count, instant = count + 1, schedule.next_fire(instant)
-        return count
-
-    async def _sleep_until(self, due: datetime, *, wake_on_leadership: bool = False) -> bool:
-        """Sleep until the wall clock reaches ``due``; with ``wake_on_leadership``, return True
-        as soon as this node leads the job. Sleeps in bounded steps so that a wall-clock jump
-        is noticed within a minute."""
-        leading = self._lease.leading
-        while (left := (due - self._clock.now()).total_seconds()) > 0:
-            if not wake_on_leadership:
-                await self._clock.sleep(min(left, _MAX_SLEEP_S))
-                continue
-            if leading.is_set():
-                return True
-            sleeper = asyncio.ensure_future(self._clock.sleep(min(left, _MAX_SLEEP_S)))
-            gained = asyncio.ensure_future(leading.wait())
-            try:
-                await asyncio.wait({sleeper, gained}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                sleeper.cancel()
-                gained.cancel()
-        return wake_on_leadership and leading.is_set()
-
-    def _drop(self, reason: DropReason, count: int = 1) -> None:
+    def drop(self, reason: DropReason, count: int = 1) -> None:
+        """Count ``count`` ticks dropped for ``reason``."""
         self.stats.dropped[reason] += count
         self._telemetry.drop(self.spec.name, reason.value, count)
         logger.debug(
-            "job %r dropped %d tick(s) on node %s: %s", self.spec.name, count, self._node, reason
+            "job %r dropped %d tick(s) on node %s: %s", self.spec.name, count, self.node, reason
         )
 
     @property
-    def _node(self) -> str:
+    def node(self) -> str:
+        """This node's id."""
         return self._elector.node_id
 
     # -- running --------------------------------------------------------------------------
 
     def start(self, scheduled_at: datetime) -> asyncio.Task[None] | None:
         """Start a run for the instant ``scheduled_at`` if this node leads and is idle."""
-        token = self._lease.token
+        token = self.lease.token
         if token is None or not self._elector.is_leader(self.spec.name, token):
             self.stats.not_leader += 1
             self._telemetry.drop(self.spec.name, NOT_LEADER)
             return None
         if self.current is not None:
-            self._drop(DropReason.OVERLAP)
+            self.drop(DropReason.OVERLAP)
             return None
+        claim = self.policy.claims_every_instant or (
+            not self.policy.after_run and self._claimed_term != token
+        )
         self._iteration += 1
         ctx = JobContext(
             job=self.spec.name,
-            node_id=self._node,
+            node_id=self.node,
             fencing_token=token,
             scheduled_at=scheduled_at,
             started_at=self._clock.now(),
             iteration=self._iteration,
-            leadership_lost=self._lease.lost,
+            leadership_lost=self.lease.lost,
             _is_leader=functools.partial(self._elector.is_leader, self.spec.name, token),
         )
         self.stats.running_since = ctx.started_at
+        self._elector.run_started(self.spec.name)
         self.current = asyncio.create_task(
-            self._supervise(ctx), name=f"singletonjob run {self.spec.name!r} #{ctx.iteration}"
+            self._supervise(ctx, claim),
+            name=f"singletonjob run {self.spec.name!r} #{ctx.iteration}",
         )
         return self.current
 
     async def _claim(self, ctx: JobContext) -> DropReason | None:
         """Claim the run's instant in the store, so that no instant runs twice across leaders
         (a successor, or a node whose wall clock is behind). None when claimed; else why not.
-        A store error is retried while the lease holds and the instant is within its grace."""
-        instant_us = (ctx.scheduled_at - _EPOCH) // timedelta(microseconds=1)
+        A store error is retried, with jitter, while the lease holds and the instant is within
+        its grace."""
+        instant_us = (ctx.scheduled_at - _EPOCH) // _ONE_US
         delay_s = _CLAIM_RETRY_S
         while True:
             result = await self._elector.claim(ctx.job, ctx.fencing_token, instant_us)
             if result == 1:
+                self._claimed_term = ctx.fencing_token
                 return None
+            if result == -2:
+                logger.error(
+                    "job %r: instant %s is ahead of the store's clock; node %s's wall clock "
+                    "is wrong (fix its time sync): not running it",
+                    ctx.job,
+                    ctx.scheduled_at.isoformat(),
+                    ctx.node_id,
+                )
+                return DropReason.CLOCK_AHEAD
             if result == 0:
                 logger.info(
                     "job %r: instant %s was already run by another leader; not running it "
@@ -244,7 +159,7 @@ class JobRunner:
                 return DropReason.ALREADY_RUN
             if result == -1 or not ctx.is_leader:
                 return DropReason.LEASE_EXPIRED
-            if not self._within_grace(ctx.scheduled_at, self._clock.now()):
+            if not self.within_grace(ctx.scheduled_at, self._clock.now()):
                 logger.warning(
                     "job %r: instant %s skipped on node %s: the store did not answer within "
                     "its grace, and running it unclaimed could run it twice",
@@ -253,29 +168,39 @@ class JobRunner:
                     ctx.node_id,
                 )
                 return DropReason.STORE_ERROR
-            await self._clock.sleep(delay_s)
+            # Jittered, so that jobs claiming one instant together do not retry in lockstep.
+            await self._clock.sleep(delay_s * (0.5 + random.random()))
             delay_s = min(2 * delay_s, 1.0)
 
-    async def _supervise(self, ctx: JobContext) -> None:
-        if self._claims:
-            reason = await self._claim(ctx)
-            if reason is not None:
-                self.current = None
-                self.stats.running_since = None
-                self._drop(reason)
-                return
+    async def _supervise(self, ctx: JobContext, claim: bool) -> None:
+        try:
+            if claim:
+                reason = await self._claim(ctx)
+                if reason is not None:
+                    self.current = None
+                    self.stats.running_since = None
+                    self.drop(reason)
+                    return
+            if not self.policy.after_run:
+                self.lease.last_started_us = (ctx.scheduled_at - _EPOCH) // _ONE_US
+            await self._run(ctx)
+        finally:
+            self.lease.running = False
+            if self.on_run_end is not None:
+                self.on_run_end(self)
+
+    async def _run(self, ctx: JobContext) -> None:
         outcome: Outcome = Outcome.CANCELLED
         error: BaseException | None = None
         started = self._clock.monotonic()
-        lateness_s = (ctx.started_at - ctx.scheduled_at).total_seconds()
-        with self._telemetry.run_span(ctx, lateness_s) as span:
+        with self._telemetry.run_span(ctx) as span:
             ran = True
             try:
                 outcome, error = await self._watch(ctx)
             except _NotStarted:
                 ran = False
                 span.set_attribute("singletonjob.outcome", DropReason.LEASE_EXPIRED.value)
-                self._drop(DropReason.LEASE_EXPIRED)
+                self.drop(DropReason.LEASE_EXPIRED)
             finally:
                 self.current = None
                 self.stats.running_since = None
@@ -304,12 +229,12 @@ class JobRunner:
 
     def _warn_if_long(self, duration_s: float) -> None:
         # Once per job and kind: a warning per tick would flood the log of a slow job.
-        period_s = getattr(self.spec.schedule, "every_s", None)
+        period_s = self.policy.period_s
         if period_s is not None and duration_s >= 0.8 * period_s and "period" not in self._warned:
             self._warned.add("period")
             fix = (
                 "ticks that come meanwhile are dropped; lengthen `every` or shorten the run"
-                if self.spec.kind == "fixed_rate"
+                if not self.policy.after_run
                 else "the job runs less often than `every` suggests; shorten the run"
             )
             logger.warning(
@@ -320,7 +245,7 @@ class JobRunner:
                 period_s,
                 fix,
             )
-        if duration_s >= 0.8 * self._lease.ttl_s and "expiry" not in self._warned:
+        if duration_s >= 0.8 * self.lease.ttl_s and "expiry" not in self._warned:
             self._warned.add("expiry")
             logger.warning(
                 "job %r: a run took %.3fs, close to or past lock_expiry=%gs; if renewals fail "
@@ -328,7 +253,7 @@ class JobRunner:
                 "lock_expiry, or use on_leadership_lost='cancel' and the fencing token",
                 self.spec.name,
                 duration_s,
-                self._lease.ttl_s,
+                self.lease.ttl_s,
             )
 
     async def _run_unwatched(self, ctx: JobContext) -> tuple[Outcome, BaseException | None]:
@@ -405,20 +330,26 @@ class JobRunner:
             )
 
     async def _invoke(self, ctx: JobContext) -> None:
+        call = self.spec.call
+        if call.trivial:  # no dependency to resolve or close: no exit stack on the tick path
+            await self._call(ctx, call.context_arguments(ctx))
+            return
         async with contextlib.AsyncExitStack() as stack:  # closes `yield` dependencies
-            kwargs = await self.spec.call.arguments(ctx, self._app, stack)
-            # Last check, with no suspension point between it and the job's first instruction.
-            if not ctx.is_leader:
-                raise _NotStarted
-            try:
-                if self.spec.is_async:
-                    await self.spec.func(**kwargs)
-                else:
-                    await self._in_thread(ctx, kwargs)
-            except (SystemExit, KeyboardInterrupt) as exc:
-                # Let through, these would stop the event loop and so the whole service:
-                # a job's sys.exit() is a failed run, nothing more.
-                raise _Escaped(exc) from exc
+            await self._call(ctx, await call.arguments(ctx, self._app, stack))
+
+    async def _call(self, ctx: JobContext, kwargs: dict[str, Any]) -> None:
+        # Last check, with no suspension point between it and the job's first instruction.
+        if not ctx.is_leader:
+            raise _NotStarted
+        try:
+            if self._is_async:
+                await self.spec.func(**kwargs)
+            else:
+                await self._in_thread(ctx, kwargs)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # Let through, these would stop the event loop and so the whole service:
+            # a job's sys.exit() is a failed run, nothing more.
+            raise _Escaped(exc) from exc
 
     async def _in_thread(self, ctx: JobContext, kwargs: dict[str, Any]) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,243 @@
+"""*When* each job runs: one timer for all the jobs of a node.
+
+A single task keeps the next due time of every job in a heap and starts the runs that are due
+(``JobRunner.start``); no job has a sleeping task of its own. Waits are on the monotonic clock:
+an ``Interval`` job counts its period from the end of the previous run, and a wall-clock
+instant (fixed rate, cron, custom) is converted to a monotonic deadline when it is armed and
+checked against the wall clock when it comes, re-armed at least every ``MAX_SLEEP_S`` so that
+a wall-clock step is noticed within that. A node that wakes after later instants were already
+due runs none of them and waits for the next (no burst after a stall); a tick that comes while
+a run is going is dropped, never queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+from ._aio import Alarm
+from ._clock import Clock
+from ._errors import ScheduleError
+from ._run import JobRunner
+from ._schedule import count_instants
+from ._state import DropReason
+
+__all__ = ["MAX_SLEEP_S", "Ticker"]
+
+logger = logging.getLogger("fastapi_singletonjob.ticker")
+
+MAX_SLEEP_S = 60.0
+"""Longest wait before a wall-clock instant is checked against the wall clock again."""
+_MAX_COUNTED_TICKS = 10_000
+
+
+class _Slot:
+    """One job's place in the timer: its next instant and what to do when it comes."""
+
+    __slots__ = ("armed", "due", "missed", "previous", "runner", "waiting")
+
+    def __init__(self, runner: JobRunner, now: datetime) -> None:
+        self.runner = runner
+        self.previous = now
+        """The instant the next one is computed from (wall-clock schedules)."""
+        self.due: datetime | None = None
+        """The next wall-clock instant (None for an ``Interval`` job)."""
+        self.armed = 0
+        """Generation of the slot's live heap entry; older entries are ignored."""
+        self.missed: datetime | None = None
+        """The last instant that passed while another node led (caught up on takeover)."""
+        self.waiting = False
+        """Parked until this node leads (``Interval``) or its run ends."""
+
+
+class Ticker:
+    """The one timer of a node."""
+
+    def __init__(
+        self,
+        runners: Iterable[JobRunner],
+        *,
+        clock: Clock,
+        retire: Callable[[JobRunner], None],
+        precision_s: float = 0.0,
+    ) -> None:
+        self._clock = clock
+        self._precision_s = precision_s
+        self._retire = retire
+        self._heap: list[tuple[float, int, int, _Slot]] = []
+        self._order = itertools.count()
+        self._alarm = Alarm(clock)
+        now = clock.now()
+        self._slots = {runner.spec.name: _Slot(runner, now) for runner in runners}
+        for slot in self._slots.values():
+            slot.runner.on_run_end = self._run_ended
+
+    # -- notifications from the election and the runs -------------------------------------
+
+    def leadership_gained(self, job: str) -> None:
+        """This node started a term of ``job``: start a parked interval job, catch up."""
+        slot = self._slots.get(job)
+        if slot is None:
+            return
+        runner = slot.runner
+        if runner.policy.after_run:
+            if slot.waiting and runner.current is None:
+                self._arm(slot, 0.0)
+            return
+        missed, slot.missed = slot.missed, None
+        if missed is None:
+            return
+        # The previous leader may have died before running this instant: run it now, once;
+        # the claim skips it if the previous leader did run it.
+        if runner.within_grace(missed, self._clock.now()):
+            runner.start(missed)
+        else:
+            runner.drop(DropReason.LATE)
+
+    def _run_ended(self, runner: JobRunner) -> None:
+        slot = self._slots.get(runner.spec.name)
+        if slot is not None and runner.policy.after_run and slot.waiting:
+            every_s = runner.policy.period_s or 0.0
+            runner.stats.next_run = self._clock.now() + timedelta(seconds=every_s)
+            self._arm(slot, every_s)
+
+    # -- the timer ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Start due runs until cancelled."""
+        for slot in self._slots.values():
+            if slot.runner.policy.after_run:
+                self._arm(slot, 0.0)
+            else:
+                self._next_instant(slot)
+        while True:
+            if not self._heap:
+                await self._alarm.wait(MAX_SLEEP_S)
+                continue
+            due_at, _, armed, slot = self._heap[0]
+            left = due_at - self._clock.monotonic()
+            if left > self._precision_s:
+                await self._alarm.wait(left - self._precision_s)
+                continue
+            if left > 0:
+                # Opt-in precision: asyncio's timers wake up to a millisecond or two late
+                # (epoll rounds its timeout up to whole ms), so wake early and yield to the
+                # other tasks until the instant comes.
+                await asyncio.sleep(0)
+                continue
+            heapq.heappop(self._heap)
+            if armed == slot.armed:
+                self._fire(slot)
+
+    def _arm(self, slot: _Slot, delay_s: float) -> None:
+        slot.armed += 1
+        slot.waiting = False
+        due_at = self._clock.monotonic() + delay_s
+        was_first = not self._heap or due_at < self._heap[0][0]
+        heapq.heappush(self._heap, (due_at, next(self._order), slot.armed, slot))
+        if was_first:
+            self._alarm.ring()
+
+    def _fire(self, slot: _Slot) -> None:
+        runner = slot.runner
+        if runner.policy.after_run:
+            self._fire_interval(slot)
+            return
+        due = slot.due
+        assert due is not None
+        now = self._clock.now()
+        if now < due:  # armed early by design (MAX_SLEEP_S) or the wall clock stepped back
+            self._arm_instant(slot, due, now)
+            return
+        grace_s = runner.spec.misfire_grace_s
+        try:
+            following = _next_fire(runner, due)
+            if following is not None and following <= now:
+                count = count_instants(runner.spec.schedule, due, now, _MAX_COUNTED_TICKS)
+                runner.drop(DropReason.LATE, count)
+                slot.previous = now
+                self._next_instant(slot)
+                return
+            if grace_s is not None and (now - due).total_seconds() > grace_s:
+                runner.drop(DropReason.LATE)
+            else:
+                started = runner.start(due)
+                catch_up = runner.policy.catch_up and started is None
+                slot.missed = due if catch_up and runner.lease.token is None else None
+        except Exception as exc:
+            self._crash(slot, exc)
+            return
+        slot.previous = due
+        self._due(slot, following, now)
+
+    def _fire_interval(self, slot: _Slot) -> None:
+        runner = slot.runner
+        if runner.lease.token is None:
+            slot.waiting = True  # until leadership_gained
+            runner.stats.next_run = None
+            return
+        runner.stats.next_run = None  # known once this run has ended
+        slot.waiting = True  # until _run_ended
+        if runner.start(self._clock.now()) is None:
+            self._run_ended(runner)
+
+    def _next_instant(self, slot: _Slot) -> None:
+        try:
+            due = _next_fire(slot.runner, slot.previous)
+        except Exception as exc:
+            self._crash(slot, exc)
+            return
+        self._due(slot, due, self._clock.now())
+
+    def _due(self, slot: _Slot, due: datetime | None, now: datetime) -> None:
+        runner = slot.runner
+        slot.due = due
+        runner.stats.next_run = due
+        if due is None:
+            logger.info("job %r has no more fire times on node %s", runner.spec.name, runner.node)
+            self._retire(runner)
+            return
+        self._arm_instant(slot, due, now)
+
+    def _arm_instant(self, slot: _Slot, due: datetime, now: datetime) -> None:
+        self._arm(slot, min((due - now).total_seconds(), MAX_SLEEP_S))
+
+    def _crash(self, slot: _Slot, exc: Exception) -> None:
+        runner = slot.runner
+        runner.crashed = exc
+        runner.stats.next_run = None
+        slot.armed += 1  # nothing of this job fires again
+        logger.error(
+            "the schedule of job %r failed on node %s; the job stops on this node",
+            runner.spec.name,
+            runner.node,
+            exc_info=exc,
+        )
+        self._retire(runner)
+
+    def stop_waiting(self) -> None:
+        """Forget every pending instant (shutdown): nothing starts after this."""
+        self._heap.clear()
+        for slot in self._slots.values():
+            slot.armed += 1
+            slot.waiting = False
+            slot.runner.on_run_end = None
+        self._alarm.ring()
+
+
+def _next_fire(runner: JobRunner, after: datetime) -> datetime | None:
+    """The schedule's next instant after ``after``, refused unless it is strictly later: a
+    schedule that does not move forward would spin the timer or drop every instant."""
+    due = runner.spec.schedule.next_fire(after)
+    if due is not None and not due > after:
+        raise ScheduleError(
+            f"the schedule's next_fire({after.isoformat()}) returned {due.isoformat()}, which "
+            "is not later; next_fire must return an instant strictly after its argument, or "
+            "None when there is none",
+            job=runner.spec.name,
+        )
+    return due
