@@ -10,7 +10,7 @@ from datetime import datetime
 __all__ = ["JobContext"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobContext:
     """Facts about one run of a job, passed to a parameter annotated ``JobContext``.
 
@@ -31,9 +31,13 @@ class JobContext:
     """When the run started (aware, UTC)."""
     iteration: int
     """How many runs of this job this node has started, this one included (1-based)."""
-    leadership_lost: asyncio.Event = field(repr=False, compare=False)
-    """Set as soon as this node's lease ends (expired, taken over, released)."""
     _is_leader: Callable[[], bool] = field(repr=False, compare=False)
+    _lost: Callable[[], asyncio.Event] = field(repr=False, compare=False)
+
+    @property
+    def leadership_lost(self) -> asyncio.Event:
+        """Set as soon as this node's lease ends (expired, taken over, released)."""
+        return self._lost()
 
     @property
     def is_leader(self) -> bool:

@@ -65,13 +65,15 @@ async def job_context() -> JobContext:
 class JobCall:
     """How to call one job function: its parameters, resolved per run."""
 
+    __slots__ = ("_context_only", "_dependant", "func", "job", "trivial")
+
     def __init__(self, job: str, func: Callable[..., Any]) -> None:
         self.job = job
         self.func = func
         hints = _annotations(func)
-        self._shim = _shim(job, func, hints)
+        shim = _shim(job, func, hints)
         try:
-            self._dependant = get_dependant(path="", call=self._shim)
+            dependant = get_dependant(path="", call=shim)
         except Exception as exc:  # FastAPI rejects the signature itself
             raise ConfigurationError(
                 f"the parameters of {_name(func)} or of its dependencies cannot be resolved: "
@@ -80,14 +82,16 @@ class JobCall:
                 job=job,
                 field="func",
             ) from exc
-        _reject_request_parameters(job, func, self._dependant, hints)
-        self._context_only = [
-            dep.name for dep in self._dependant.dependencies if dep.call is job_context
-        ]
-        # No dependency but the context: skip FastAPI's machinery on the tick path.
-        self.trivial = len(self._context_only) == len(self._dependant.dependencies) and not any(
-            getattr(self._dependant, field, None) for field in _REQUEST_ONLY
+        _reject_request_parameters(job, func, dependant, hints)
+        self._context_only = tuple(
+            dep.name for dep in dependant.dependencies if dep.call is job_context
         )
+        # No dependency but the context: skip FastAPI's machinery on the tick path.
+        self.trivial = len(self._context_only) == len(dependant.dependencies) and not any(
+            getattr(dependant, field, None) for field in _REQUEST_ONLY
+        )
+        # A trivial call is never solved: keep none of FastAPI's objects (~1.5 KB a job).
+        self._dependant: Dependant | None = None if self.trivial else dependant
 
     def context_arguments(self, ctx: JobContext) -> dict[str, Any]:
         """The keyword arguments of a ``trivial`` call: the context, where it is asked for."""
@@ -124,6 +128,7 @@ class JobCall:
         if app is not None:
             scope["app"] = app
         overrides = app if hasattr(app, "dependency_overrides") else None
+        assert self._dependant is not None  # only trivial calls have none; they returned above
         solved = await solve_dependencies(
             request=Request(scope),
             dependant=self._dependant,
@@ -215,6 +220,14 @@ def _reject_request_parameters(
 ) -> None:
     unresolved = {name: text for name, text in hints.items() if isinstance(text, str)}
     for owner, field, what in _request_needs(dependant, _name(func)):
+        if what is _BARE_CONTEXT:
+            raise ConfigurationError(
+                f"parameter {field!r} of {owner} is a bare JobContext, which only the job "
+                f"function itself receives; in a dependency declare `{field}: "
+                "Annotated[JobContext, Depends(job_context)]`",
+                job=job,
+                field=field,
+            )
         hint = ""
         if owner == _name(func) and field in unresolved:
             hint = (
@@ -230,6 +243,14 @@ def _reject_request_parameters(
         )
 
 
+_BARE_CONTEXT = "a bare JobContext"
+
+
+def _is_context(param: Any) -> bool:
+    annotation = getattr(getattr(param, "field_info", None), "annotation", None)
+    return annotation is JobContext or getattr(param, "type_", None) is JobContext
+
+
 def _required(param: Any) -> bool:
     required = getattr(param, "required", None)
     if isinstance(required, bool):
@@ -241,7 +262,11 @@ def _request_needs(dependant: Dependant, owner: str) -> list[tuple[str, str, str
     found = []
     for attribute, what in _REQUEST_ONLY.items():
         for param in getattr(dependant, attribute, None) or []:
-            if _required(param):  # an optional one simply takes its default
+            if _is_context(param):
+                # A bare JobContext in a dependency is not injected (only the job function's
+                # own parameters are): say how to ask for it.
+                found.append((owner, param.name, _BARE_CONTEXT))
+            elif _required(param):  # an optional one simply takes its default
                 found.append((owner, param.name, what))
     for attribute, what in _REQUEST_OBJECTS.items():
         name = getattr(dependant, attribute, None)

@@ -15,7 +15,7 @@ import logging
 import random
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ._aio import sleep_or_event
 from ._clock import Clock
@@ -85,7 +85,11 @@ def next_attempt_delay(
     return base * (0.5 + 0.5 * jitter)
 
 
-@dataclass(eq=False)
+_ENDED = asyncio.Event()
+_ENDED.set()  # waited on only while set, so never bound to an event loop
+
+
+@dataclass(eq=False, slots=True)
 class Lease:
     """This node's view of one job's lock."""
 
@@ -106,9 +110,8 @@ class Lease:
     wanted: bool = True
     acquire_error: str | None = None
     """Why the last attempt to acquire the free lock failed, if it did."""
-    """False once the job has stopped for good: its lease is no longer requested."""
-    lost: asyncio.Event = field(default_factory=asyncio.Event)
-    """The current term's "leadership lost" signal; a fresh event per term."""
+    lost_event: asyncio.Event | None = None
+    """The current term's "leadership lost" signal, made when first asked for (``lost``)."""
     running: bool = False
     """True while a run of the job is in flight on this node (set by the runner)."""
     ended_token: int | None = None
@@ -117,6 +120,22 @@ class Lease:
     last_started_us: int | None = None
     """Instant (µs since the epoch) of the last run this node started (set by the runner);
     recorded in the store on release, so that a successor never runs it again."""
+
+    def lost_of(self, token: int) -> asyncio.Event:
+        """The "leadership lost" signal of the term ``token``: this term's, or a set one when
+        that term has ended (a later term has a signal of its own)."""
+        return self.lost if self.token == token else _ENDED
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """The current term's "leadership lost" signal: a fresh event per term, set when the
+        term ends (and already set while the node leads no term). Made on first use: an
+        ``asyncio.Event`` costs ~0.7 KB, and most terms of most jobs never need one."""
+        if self.lost_event is None:
+            self.lost_event = asyncio.Event()
+            if self.token is None:
+                self.lost_event.set()
+        return self.lost_event
 
 
 class Elector:
@@ -403,7 +422,7 @@ class Elector:
     ) -> None:
         lease.token = token
         lease.terms += 1
-        lease.lost = asyncio.Event()
+        lease.lost_event = None  # a fresh one, when first asked for
         logger.info(
             "node %s became leader of job %r (fencing token %d)", self.node_id, lease.job, token
         )
@@ -457,7 +476,8 @@ class Elector:
         lease.ended_token = lease.token
         lease.token = None
         lease.deadline = float("-inf")
-        lease.lost.set()
+        if lease.lost_event is not None:
+            lease.lost_event.set()
 
     def _delay(self) -> float:
         leading = any(lease.token is not None for lease in self.leases.values())

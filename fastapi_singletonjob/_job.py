@@ -17,7 +17,7 @@ LeadershipLostPolicy = Literal["finish", "cancel"]
 ScheduleKind = Literal["interval", "fixed_rate", "cron", "custom"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """Everything known about a job when it is registered; validated on construction."""
 

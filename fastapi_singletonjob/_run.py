@@ -40,6 +40,25 @@ _ONE_US = timedelta(microseconds=1)
 class JobRunner:
     """Starts and supervises the runs of one job on this node."""
 
+    __slots__ = (
+        "_app",
+        "_claimed_term",
+        "_clock",
+        "_elector",
+        "_executor",
+        "_is_async",
+        "_iteration",
+        "_telemetry",
+        "_warned",
+        "crashed",
+        "current",
+        "lease",
+        "on_run_end",
+        "policy",
+        "spec",
+        "stats",
+    )
+
     def __init__(
         self,
         spec: JobSpec,
@@ -59,7 +78,8 @@ class JobRunner:
         self._executor = executor
         self._app = app
         self._telemetry = telemetry or Telemetry(elector.node_id)
-        self._warned: set[str] = set()
+        self._warned: tuple[str, ...] = ()
+        """Which long-run warnings were given (once per job and kind)."""
         self.policy = policy_of(spec.schedule)
         self._is_async = spec.is_async
         self._claimed_term: int | None = None
@@ -116,14 +136,14 @@ class JobRunner:
             scheduled_at=scheduled_at,
             started_at=self._clock.now(),
             iteration=self._iteration,
-            leadership_lost=self.lease.lost,
             _is_leader=functools.partial(self._elector.is_leader, self.spec.name, token),
+            _lost=functools.partial(self.lease.lost_of, token),
         )
         self.stats.running_since = ctx.started_at
         self._elector.run_started(self.spec.name)
         self.current = asyncio.create_task(
             self._supervise(ctx, claim),
-            name=f"singletonjob run {self.spec.name!r} #{ctx.iteration}",
+            name=f"singletonjob run {self.spec.name!r}",
         )
         return self.current
 
@@ -231,7 +251,7 @@ class JobRunner:
         # Once per job and kind: a warning per tick would flood the log of a slow job.
         period_s = self.policy.period_s
         if period_s is not None and duration_s >= 0.8 * period_s and "period" not in self._warned:
-            self._warned.add("period")
+            self._warned += ("period",)
             fix = (
                 "ticks that come meanwhile are dropped; lengthen `every` or shorten the run"
                 if not self.policy.after_run
@@ -246,7 +266,7 @@ class JobRunner:
                 fix,
             )
         if duration_s >= 0.8 * self.lease.ttl_s and "expiry" not in self._warned:
-            self._warned.add("expiry")
+            self._warned += ("expiry",)
             logger.warning(
                 "job %r: a run took %.3fs, close to or past lock_expiry=%gs; if renewals fail "
                 "during such a run, another node may start the job before it ends: raise "

@@ -14,6 +14,7 @@ Anything with a ``next_fire`` method is a ``Schedule``, so users can bring their
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -65,7 +66,7 @@ class Schedule(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Policy:
     """How the engine treats a schedule's instants. Each schedule states its own, so the
     engine never branches on schedule classes; a custom schedule may set a ``policy``
@@ -82,6 +83,17 @@ class Policy:
     catch_up: bool = True
     """A node that takes over runs the last instant missed during the takeover, once, if it
     is still within ``misfire_grace``."""
+
+
+_DEFAULT_POLICY = Policy()
+
+
+@functools.lru_cache(maxsize=256)
+def _policy(*, after_run: bool, claims: bool, period_s: float, catch_up: bool) -> Policy:
+    """One shared ``Policy`` per distinct value (1,000 jobs of one period share one)."""
+    return Policy(
+        after_run=after_run, claims_every_instant=claims, period_s=period_s, catch_up=catch_up
+    )
 
 
 def policy_of(schedule: Schedule) -> Policy:
@@ -110,7 +122,7 @@ def count_instants(schedule: Schedule, start: datetime, end: datetime, limit: in
     return count
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Interval:
     """Run, then wait ``every_s`` seconds after the run ends before the next one."""
 
@@ -123,9 +135,7 @@ class Interval:
     @property
     def policy(self) -> Policy:
         """Waited from the end of each run on the monotonic clock; nothing to claim."""
-        return Policy(
-            after_run=True, claims_every_instant=False, period_s=self.every_s, catch_up=False
-        )
+        return _policy(after_run=True, claims=False, period_s=self.every_s, catch_up=False)
 
     def next_fire(self, after: datetime) -> datetime:
         """Return ``after`` (the end of the previous run) plus ``every_s``, in UTC."""
@@ -137,7 +147,7 @@ class Interval:
         return f"interval every {_format_us(self._every_us)}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FixedRate:
     """Fire at every instant ``UNIX_EPOCH + offset_s + k * every_s`` for integer ``k``.
 
@@ -160,11 +170,8 @@ class FixedRate:
     @property
     def policy(self) -> Policy:
         """Sub-second ticks claim the first tick of each term, slower ones every tick."""
-        return Policy(
-            claims_every_instant=self.every_s >= CLAIM_EVERY_TICK_MIN_PERIOD_S,
-            period_s=self.every_s,
-            catch_up=False,
-        )
+        claims = self.every_s >= CLAIM_EVERY_TICK_MIN_PERIOD_S
+        return _policy(after_run=False, claims=claims, period_s=self.every_s, catch_up=False)
 
     def next_fire(self, after: datetime) -> datetime:
         """Return the first grid instant strictly later than ``after``, in UTC."""
@@ -187,7 +194,7 @@ class FixedRate:
         return f"{text} offset {_format_us(self._offset_us)}" if self._offset_us else text
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Cron:
     """Fire on a cron expression evaluated in an IANA time zone (UTC unless given).
 
@@ -243,7 +250,7 @@ class Cron:
     @property
     def policy(self) -> Policy:
         """Every instant claimed; a missed one caught up within ``misfire_grace``."""
-        return Policy()
+        return _DEFAULT_POLICY
 
     def next_fire(self, after: datetime) -> datetime | None:
         """Return the first fire time strictly later than ``after``, in the job's zone.

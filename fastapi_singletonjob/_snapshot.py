@@ -70,7 +70,7 @@ def take(engine: Engine) -> EngineSnapshot:
         lease = elector.leases[name]
         leads = elector.is_leader(name)
         stats = copy.copy(runner.stats)
-        stats.dropped = dict(stats.dropped)
+        stats.dropped = stats.dropped.copy()
         jobs[name] = JobSnapshot(
             leads=leads,
             holder=engine.settings.node_id if leads else lease.holder,

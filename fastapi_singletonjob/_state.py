@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -40,7 +41,7 @@ class DropReason(str, enum.Enum):
     it never runs twice."""
 
 
-@dataclass
+@dataclass(slots=True)
 class RunRecord:
     """One finished run."""
 
@@ -53,7 +54,7 @@ class RunRecord:
     """``ExceptionType: message`` of a failed run, shortened."""
 
 
-@dataclass
+@dataclass(slots=True)
 class JobStats:
     """Counters of one job on this node since startup."""
 
@@ -61,7 +62,8 @@ class JobStats:
     failures: int = 0
     timeouts: int = 0
     cancelled: int = 0
-    dropped: dict[DropReason, int] = field(default_factory=lambda: dict.fromkeys(DropReason, 0))
+    dropped: Counter[DropReason] = field(default_factory=Counter)
+    """Dropped ticks by reason (a missing reason counts 0)."""
     not_leader: int = 0
     """Ticks that came while another node led the job (normal on followers)."""
     running_since: datetime | None = None

@@ -6,6 +6,7 @@ here holds a secret: the store is shown by its redacted URL.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
@@ -156,14 +157,14 @@ def _job_status(jobs: SingletonJobs, name: str, snap: EngineSnapshot | None) -> 
         timeouts=stats.timeouts,
         cancelled=stats.cancelled,
         dropped_ticks=stats.dropped_total,
-        dropped=dict(stats.dropped),
+        dropped={reason: stats.dropped[reason] for reason in DropReason},
         not_leader_ticks=stats.not_leader,
         error=None if job is None or job.error is None else repr(job.error),
     )
 
 
 def _last_run(run: RunRecord) -> LastRun:
-    return LastRun(**{**vars(run), "duration_s": round(run.duration_s, 6)})
+    return LastRun(**{**dataclasses.asdict(run), "duration_s": round(run.duration_s, 6)})
 
 
 def _round(value: float | None) -> float | None:

@@ -153,6 +153,8 @@ class Telemetry:
         """Start every per-job series at zero, so that dashboards show zeros, not gaps."""
         self._detect()
         self._leading = leading
+        if not self.metering:
+            return
         for job in jobs:
             for outcome in Outcome:
                 self.runs.add(0, {ATTR_JOB: job, ATTR_OUTCOME: outcome.value})
