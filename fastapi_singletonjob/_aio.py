@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING
 
 from ._clock import Clock, SystemClock
 
-__all__ = ["Alarm", "abort_all", "cancel_and_wait", "sleep_or_event", "wait_all"]
+if TYPE_CHECKING:
+    from ._store import LeaseStore
+
+__all__ = [
+    "Alarm",
+    "abort_all",
+    "call_in_thread",
+    "cancel_and_wait",
+    "listen_for_releases",
+    "sleep_or_event",
+    "wait_all",
+]
 
 logger = logging.getLogger("fastapi_singletonjob")
 
@@ -122,3 +136,48 @@ async def abort_all(tasks: Sequence[asyncio.Future[None] | None], grace_s: float
         task.cancel()
     if pending:
         await asyncio.wait(pending, timeout=grace_s)
+
+
+async def call_in_thread(
+    executor: Executor | None, call: Callable[[], object], *, on_cancel: Callable[[], object]
+) -> None:
+    """Run ``call`` in ``executor`` and wait for it. A thread cannot be interrupted: when the
+    caller is cancelled, ``on_cancel`` is called and the wait goes on until the thread
+    returns (so no second run of the same job starts meanwhile), then the cancel goes on."""
+    thread = asyncio.get_running_loop().run_in_executor(executor, call)
+    try:
+        await asyncio.shield(thread)
+    except asyncio.CancelledError:
+        on_cancel()
+        while not thread.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(thread)
+        raise
+
+
+async def listen_for_releases(
+    store: LeaseStore,
+    on_release: Callable[[], None],
+    *,
+    keepalive_s: float,
+    retry_delay: Callable[[int], float],
+    clock: Clock,
+    node_id: str,
+) -> None:
+    """Keep a release subscription up until cancelled: resubscribe after ``retry_delay(n)``
+    seconds for the ``n``-th failure in a row. The subscription is an optimisation (polling
+    goes on meanwhile), so failures are logged at DEBUG only."""
+    failures = 0
+    while True:
+        subscribed_at = clock.monotonic()
+        try:
+            await store.listen_releases(on_release, keepalive_s=keepalive_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A subscription that served for a while was a success: back off afresh, rather
+            # than grow the delay across reconnects that worked.
+            lasted_s = clock.monotonic() - subscribed_at
+            failures = 1 if lasted_s > 4 * keepalive_s else failures + 1
+            logger.debug("release listener of node %s failed: %r", node_id, exc)
+        await clock.sleep(retry_delay(failures))

@@ -15,127 +15,17 @@ import logging
 import random
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from ._aio import sleep_or_event
+from ._aio import listen_for_releases, sleep_or_event
 from ._clock import Clock
+from ._lease import OWNER_SEPARATOR, Lease, node_of
 from ._store import LeaseReply, LeaseRequest, LeaseStore
 from ._telemetry import Telemetry
+from ._timing import WATCH_STEP_S, leaderless_s, lease_deadline, next_attempt_delay
 
 __all__ = ["Elector", "Lease", "lease_deadline", "next_attempt_delay", "node_of"]
 
 logger = logging.getLogger("fastapi_singletonjob.election")
-
-CLOCK_RATE_ERROR = 1e-3
-"""Assumed worst relative rate error between this node's clock and Redis's (NTP: <= 5e-4)."""
-MARGIN_FRACTION = 0.01
-MIN_MARGIN_S = 0.005
-WATCH_STEP_S = 0.1
-"""Longest sleep of the deadline watchdog while a run of a job this node leads is in flight
-(``Lease.running``): the run may wait on ``leadership_lost``. Lease deadlines are on
-CLOCK_BOOTTIME, which counts a system suspend, but asyncio's timers run on CLOCK_MONOTONIC,
-which does not: after a resume the watchdog notices a deadline that passed during the
-suspend within this step, not a whole timer later."""
-OWNER_SEPARATOR = "#"
-
-
-def node_of(owner: str | None) -> str | None:
-    """The node id part of a lock owner ``"<node id>#<instance nonce>"``."""
-    if owner is None:
-        return None
-    node, sep, _ = owner.rpartition(OWNER_SEPARATOR)
-    return node if sep else owner
-
-
-def lease_deadline(sent_at: float, ttl_s: float) -> float:
-    """The last monotonic instant at which a node may act on a lease confirmed by a request
-    sent at ``sent_at``: the server's expiry can come no earlier than ``sent_at + ttl_s``."""
-    margin = max(MIN_MARGIN_S, ttl_s * MARGIN_FRACTION)
-    return sent_at + ttl_s * (1 - CLOCK_RATE_ERROR) - margin
-
-
-def next_attempt_delay(
-    *,
-    heartbeat_s: float,
-    max_backoff_s: float,
-    failures: int,
-    leading: bool,
-    holder_ttl_s: float | None,
-    jitter: float,
-) -> float:
-    """Seconds until the next election round (pure; ``jitter`` is uniform in [0, 1)).
-
-    - Healthy: one heartbeat less up to 10 % at random, or sooner when a lock held by another
-      node expires sooner, so that a dead leader is replaced one lock expiry after its last
-      renewal.
-    - Failing while leading with a valid lease: keep the heartbeat, or the lease is lost.
-    - Failing otherwise: exponential backoff from the heartbeat, capped at ``max_backoff_s``,
-      with equal jitter (half fixed, half random) so that replicas do not retry in step.
-    """
-    if failures == 0:
-        # Up to 10 % early, at random: replicas started together drift apart instead of
-        # renewing in the same instant (one script per node per round). Never late.
-        healthy_s = heartbeat_s * (1.0 - 0.1 * jitter)
-        if holder_ttl_s is not None:
-            return max(0.0, min(healthy_s, holder_ttl_s + 0.001))
-        return healthy_s
-    if leading:
-        return heartbeat_s
-    base = min(max_backoff_s, heartbeat_s * 2.0 ** min(failures, 30))
-    return base * (0.5 + 0.5 * jitter)
-
-
-_ENDED = asyncio.Event()
-_ENDED.set()  # waited on only while set, so never bound to an event loop
-
-
-@dataclass(eq=False, slots=True)
-class Lease:
-    """This node's view of one job's lock."""
-
-    job: str
-    ttl_s: float
-    token: int | None = None
-    """Fencing token of this node's current term; None while it does not lead."""
-    value: str | None = None
-    """The lock value this node last held, for a compare-and-delete release."""
-    deadline: float = float("-inf")
-    """Monotonic instant until which this node may act as leader."""
-    holder: str | None = None
-    holder_token: int | None = None
-    holder_ttl_s: float | None = None
-    observed_at: float | None = None
-    """Monotonic time of the request that last reported on this lock."""
-    terms: int = 0
-    wanted: bool = True
-    acquire_error: str | None = None
-    """Why the last attempt to acquire the free lock failed, if it did."""
-    lost_event: asyncio.Event | None = None
-    """The current term's "leadership lost" signal, made when first asked for (``lost``)."""
-    running: bool = False
-    """True while a run of the job is in flight on this node (set by the runner)."""
-    ended_token: int | None = None
-    """Token of the last term this node ended: a late reply renewing that term's value does
-    not start it again (a term, once ended, stays ended; the lock then expires)."""
-    last_started_us: int | None = None
-    """Instant (µs since the epoch) of the last run this node started (set by the runner);
-    recorded in the store on release, so that a successor never runs it again."""
-
-    def lost_of(self, token: int) -> asyncio.Event:
-        """The "leadership lost" signal of the term ``token``: this term's, or a set one when
-        that term has ended (a later term has a signal of its own)."""
-        return self.lost if self.token == token else _ENDED
-
-    @property
-    def lost(self) -> asyncio.Event:
-        """The current term's "leadership lost" signal: a fresh event per term, set when the
-        term ends (and already set while the node leads no term). Made on first use: an
-        ``asyncio.Event`` costs ~0.7 KB, and most terms of most jobs never need one."""
-        if self.lost_event is None:
-            self.lost_event = asyncio.Event()
-            if self.token is None:
-                self.lost_event.set()
-        return self.lost_event
 
 
 class Elector:
@@ -247,7 +137,19 @@ class Elector:
         """Run election rounds until cancelled; set ``ready`` once the loop is going."""
         helpers = [
             asyncio.create_task(
-                self._listen(), name=f"singletonjob {self.node_id} release listener"
+                listen_for_releases(
+                    self._store,
+                    self.wake,
+                    # Within two lease times a silently dead connection is an error and is
+                    # replaced, so handovers stay pushed instead of degrading to polling; not
+                    # tighter, or a slow link (a round trip above a heartbeat) would
+                    # reconnect in a loop.
+                    keepalive_s=self._longest_ttl_s,
+                    retry_delay=self._listener_delay,
+                    clock=self._clock,
+                    node_id=self.node_id,
+                ),
+                name=f"singletonjob {self.node_id} release listener",
             ),
             asyncio.create_task(
                 self._watch_deadlines(), name=f"singletonjob {self.node_id} lease deadlines"
@@ -427,23 +329,11 @@ class Elector:
             "node %s became leader of job %r (fencing token %d)", self.node_id, lease.job, token
         )
         self._telemetry.change(lease.job, "acquired")
-        gap = self._leaderless(lease, sent_at, *previous)
+        gap = leaderless_s(sent_at, *previous, lease_ttl_s=lease.ttl_s, notice_at=self._notice_at)
         if gap is not None:
             self._telemetry.leaderless_for(lease.job, gap)
         if self.on_term_started is not None:
             self.on_term_started(lease.job)
-
-    def _leaderless(
-        self, lease: Lease, acquired_at: float, observed_at: float | None, ttl_s: float | None
-    ) -> float | None:
-        """Estimate how long the job had no live leader before this node acquired it: since
-        the release notice, or since the previous holder's last renewal (its lock's expiry,
-        as last observed, less the lease time). None without an earlier observation."""
-        if observed_at is None or ttl_s is None:
-            return None
-        if self._notice_at is not None and observed_at <= self._notice_at <= acquired_at:
-            return acquired_at - self._notice_at
-        return max(0.0, acquired_at - (observed_at + ttl_s - lease.ttl_s))
 
     def _on_failure(self, exc: BaseException) -> None:
         self.failures += 1
@@ -495,39 +385,20 @@ class Elector:
             jitter=self._rng(),
         )
 
+    def _listener_delay(self, failures: int) -> float:
+        return next_attempt_delay(
+            heartbeat_s=self._heartbeat_s,
+            max_backoff_s=self._max_backoff_s,
+            failures=max(failures, 1),
+            leading=False,
+            holder_ttl_s=None,
+            jitter=self._rng(),
+        )
+
     async def _pause(self, delay: float) -> None:
         # Wake early for a release notice; terms end at their deadlines in _watch_deadlines.
         await sleep_or_event(self._clock, delay, self._wake)
         self._wake.clear()
-
-    async def _listen(self) -> None:
-        failures = 0
-        while True:
-            subscribed_at = self._clock.monotonic()
-            try:
-                # The keepalive turns a silently dead connection into an error within two
-                # lease times, so handovers stay pushed instead of degrading to polling; not
-                # tighter, or a slow link (a round trip above a heartbeat) would reconnect
-                # in a loop.
-                await self._store.listen_releases(self.wake, keepalive_s=self._longest_ttl_s)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the subscription is an optimisation; polling goes on
-                # A subscription that served for a while was a success: start backing off
-                # afresh, instead of growing the delay across reconnects that worked.
-                lasted_s = self._clock.monotonic() - subscribed_at
-                failures = 1 if lasted_s > 4 * self._heartbeat_s else failures + 1
-                logger.debug("release listener of node %s failed: %r", self.node_id, exc)
-            await self._clock.sleep(
-                next_attempt_delay(
-                    heartbeat_s=self._heartbeat_s,
-                    max_backoff_s=self._max_backoff_s,
-                    failures=max(failures, 1),
-                    leading=False,
-                    holder_ttl_s=None,
-                    jitter=self._rng(),
-                )
-            )
 
     # -- shutdown -------------------------------------------------------------------------
 

@@ -23,12 +23,12 @@ from ._config import (
     Settings,
     check_expiry,
     check_name,
-    redact_url,
     to_seconds,
 )
 from ._engine import Engine
 from ._errors import ConfigurationError, JobNotFound, UsageError
 from ._job import JobSpec, LeadershipLostPolicy, ScheduleKind
+from ._redact import redact_url
 from ._redis_store import RedisLeaseStore
 from ._router import create_router
 from ._schedule import Cron, FixedRate, Interval, Schedule, policy_of

@@ -26,7 +26,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 
 from . import _keys, _scripts
-from ._config import redact_url
+from ._redact import redact_url
 from ._store import (
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,

@@ -15,11 +15,12 @@ import contextvars
 import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ._aio import call_in_thread
 from ._clock import Clock
 from ._context import JobContext
 from ._election import Elector, Lease
@@ -276,10 +277,18 @@ class JobRunner:
                 self.lease.ttl_s,
             )
 
-    async def _run_unwatched(self, ctx: JobContext) -> tuple[Outcome, BaseException | None]:
+    async def _outcome(
+        self, ctx: JobContext, run: Awaitable[None], cause: Outcome | None = None
+    ) -> tuple[Outcome, BaseException | None]:
+        """Await the run; how it ended. A cancellation is the outcome ``cause`` when a watcher
+        caused it, else it propagates (shutdown)."""
         try:
-            await self._invoke(ctx)
-        except (_NotStarted, asyncio.CancelledError):
+            await run
+        except asyncio.CancelledError:
+            if cause is None:
+                raise
+            return cause, None
+        except _NotStarted:
             raise
         except Exception as exc:
             logger.exception(
@@ -293,7 +302,7 @@ class JobRunner:
         ends; return how it ended."""
         if self.spec.timeout_s is None and self.spec.on_leadership_lost == "finish":
             # Nothing to watch: run in this task, saving a task per run on the tick path.
-            return await self._run_unwatched(ctx)
+            return await self._outcome(ctx, self._invoke(ctx))
         run = asyncio.ensure_future(self._invoke(ctx))
         watchers: dict[asyncio.Future[Any], Outcome] = {}
         if self.spec.timeout_s is not None:
@@ -304,26 +313,12 @@ class JobRunner:
             watchers[asyncio.ensure_future(ctx.leadership_lost.wait())] = Outcome.CANCELLED
         try:
             cause: Outcome | None = None
-            if watchers:
-                done, _ = await asyncio.wait({run, *watchers}, return_when="FIRST_COMPLETED")
-                if run not in done:
-                    cause = next(watchers[w] for w in done if w in watchers)
-                    self._log_stop(ctx, cause)
-                    run.cancel()
-            try:
-                await run
-            except asyncio.CancelledError:
-                if cause is None:
-                    raise
-                return cause, None
-            except _NotStarted:
-                raise
-            except Exception as exc:
-                logger.exception(
-                    "job %r run #%d failed on node %s", ctx.job, ctx.iteration, ctx.node_id
-                )
-                return Outcome.FAILED, exc
-            return Outcome.SUCCESS, None
+            done, _ = await asyncio.wait({run, *watchers}, return_when="FIRST_COMPLETED")
+            if run not in done:
+                cause = next(watchers[w] for w in done if w in watchers)
+                self._log_stop(ctx, cause)
+                run.cancel()
+            return await self._outcome(ctx, run, cause)
         finally:
             for watcher in watchers:
                 watcher.cancel()
@@ -365,30 +360,20 @@ class JobRunner:
             if self._is_async:
                 await self.spec.func(**kwargs)
             else:
-                await self._in_thread(ctx, kwargs)
+                await call_in_thread(
+                    self._executor,
+                    functools.partial(contextvars.copy_context().run, self.spec.func, **kwargs),
+                    on_cancel=functools.partial(
+                        logger.warning,
+                        "job %r run #%d runs in a thread and cannot be cancelled; waiting for it",
+                        ctx.job,
+                        ctx.iteration,
+                    ),
+                )
         except (SystemExit, KeyboardInterrupt) as exc:
             # Let through, these would stop the event loop and so the whole service:
             # a job's sys.exit() is a failed run, nothing more.
             raise _Escaped(exc) from exc
-
-    async def _in_thread(self, ctx: JobContext, kwargs: dict[str, Any]) -> None:
-        loop = asyncio.get_running_loop()
-        call = functools.partial(contextvars.copy_context().run, self.spec.func, **kwargs)
-        thread = loop.run_in_executor(self._executor, call)
-        try:
-            await asyncio.shield(thread)
-        except asyncio.CancelledError:
-            # A thread cannot be interrupted: the run stays in flight until it returns, so
-            # that no second run of this job starts on this node meanwhile.
-            logger.warning(
-                "job %r run #%d runs in a thread and cannot be cancelled; waiting for it",
-                ctx.job,
-                ctx.iteration,
-            )
-            while not thread.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(thread)
-            raise
 
 
 class _Escaped(Exception):

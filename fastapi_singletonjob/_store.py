@@ -16,9 +16,19 @@ from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 from ._clock import Clock
+from ._lease import (
+    MAX_TOKEN,
+    SHOWN_VALUE_CHARS,
+    is_lock_value,
+    lock_value,
+    parse_lock_value,
+    shown_lock_value,
+)
 
-__all__ = [
+__all__ = [  # lock values live in _lease; re-exported for the stores' callers
     "DEFAULT_KEEPALIVE_S",
+    "MAX_TOKEN",
+    "SHOWN_VALUE_CHARS",
     "DEFAULT_MAX_AHEAD_US",
     "LeaseReply",
     "LeaseRequest",
@@ -36,12 +46,6 @@ runs further ahead must not record an instant that the other nodes reach only mu
 
 DEFAULT_KEEPALIVE_S = 5.0
 """Silence after which the release listener checks its connection (callers pass the heartbeat)."""
-
-MAX_TOKEN = 2**63 - 1
-"""The largest fencing token a lock value can carry (a signed 64-bit integer)."""
-_MAX_TOKEN_DIGITS = len(str(MAX_TOKEN))  # 19; also keeps int() far below Python's digit limit
-SHOWN_VALUE_CHARS = 100
-"""A lock value that this library did not write is shown cut to this many characters."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_US = timedelta(microseconds=1)
@@ -96,43 +100,6 @@ class LeaseReply:
         if token is None and holder is not None:
             return shown_lock_value(holder)
         return holder
-
-
-def parse_lock_value(value: str | None) -> tuple[int | None, str | None]:
-    """Split ``"<token>|<owner id>"``; a value written by something else has no token.
-
-    The token must be 1 to 19 ASCII digits and fit a signed 64-bit integer, the owner id must
-    not be empty: anything else, however long or odd, is returned whole as ``(None, value)``
-    and never raises.
-    """
-    if value is None:
-        return None, None
-    token, sep, owner = value.partition("|")
-    if (
-        sep
-        and owner
-        and 0 < len(token) <= _MAX_TOKEN_DIGITS
-        and token.isascii()
-        and token.isdigit()
-        and 0 < int(token) <= MAX_TOKEN
-    ):
-        return int(token), owner
-    return None, value
-
-
-def is_lock_value(value: str | None) -> bool:
-    """True for a value of the form this library writes, ``"<token>|<owner id>"``: only
-    such a value can be a node's own, to renew, claim with or release."""
-    return parse_lock_value(value)[0] is not None
-
-
-def shown_lock_value(value: str) -> str:
-    """``value`` fit for logs and status: unprintable characters escaped, cut to
-    ``SHOWN_VALUE_CHARS`` characters (then ending in an ellipsis)."""
-    shown = value if value.isprintable() else repr(value)[1:-1]
-    if len(shown) > SHOWN_VALUE_CHARS:
-        return shown[:SHOWN_VALUE_CHARS] + "\u2026"
-    return shown
 
 
 def _unix_us(moment: datetime) -> int:
@@ -239,7 +206,7 @@ class MemoryLeaseStore:
             if current is None:
                 token = self._data.fences.get(key, 0) + 1
                 self._data.fences[key] = token
-                current = (f"{token}|{node_id}", now + request.ttl_s)
+                current = (lock_value(token, node_id), now + request.ttl_s)
                 self._data.locks[key] = current
                 held = True
             elif is_lock_value(request.held) and current[0] == request.held:

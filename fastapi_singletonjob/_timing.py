@@ -1,0 +1,82 @@
+"""Election timing as pure functions of their inputs: how long a confirmed lease may be acted
+on, and when to try the next round. No clock reads, no I/O: tested from tables."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CLOCK_RATE_ERROR",
+    "MARGIN_FRACTION",
+    "MIN_MARGIN_S",
+    "WATCH_STEP_S",
+    "lease_deadline",
+    "leaderless_s",
+    "next_attempt_delay",
+]
+
+CLOCK_RATE_ERROR = 1e-3
+"""Assumed worst relative rate error between this node's clock and Redis's (NTP: <= 5e-4)."""
+MARGIN_FRACTION = 0.01
+MIN_MARGIN_S = 0.005
+WATCH_STEP_S = 0.1
+"""Longest sleep of the deadline watchdog while a run of a job this node leads is in flight
+(``Lease.running``): the run may wait on ``leadership_lost``. Lease deadlines are on
+CLOCK_BOOTTIME, which counts a system suspend, but asyncio's timers run on CLOCK_MONOTONIC,
+which does not: after a resume the watchdog notices a deadline that passed during the
+suspend within this step, not a whole timer later."""
+
+
+def lease_deadline(sent_at: float, ttl_s: float) -> float:
+    """The last monotonic instant at which a node may act on a lease confirmed by a request
+    sent at ``sent_at``: the server's expiry can come no earlier than ``sent_at + ttl_s``."""
+    margin = max(MIN_MARGIN_S, ttl_s * MARGIN_FRACTION)
+    return sent_at + ttl_s * (1 - CLOCK_RATE_ERROR) - margin
+
+
+def next_attempt_delay(
+    *,
+    heartbeat_s: float,
+    max_backoff_s: float,
+    failures: int,
+    leading: bool,
+    holder_ttl_s: float | None,
+    jitter: float,
+) -> float:
+    """Seconds until the next election round (pure; ``jitter`` is uniform in [0, 1)).
+
+    - Healthy: one heartbeat less up to 10 % at random, or sooner when a lock held by another
+      node expires sooner, so that a dead leader is replaced one lock expiry after its last
+      renewal.
+    - Failing while leading with a valid lease: keep the heartbeat, or the lease is lost.
+    - Failing otherwise: exponential backoff from the heartbeat, capped at ``max_backoff_s``,
+      with equal jitter (half fixed, half random) so that replicas do not retry in step.
+    """
+    if failures == 0:
+        # Up to 10 % early, at random: replicas started together drift apart instead of
+        # renewing in the same instant (one script per node per round). Never late.
+        healthy_s = heartbeat_s * (1.0 - 0.1 * jitter)
+        if holder_ttl_s is not None:
+            return max(0.0, min(healthy_s, holder_ttl_s + 0.001))
+        return healthy_s
+    if leading:
+        return heartbeat_s
+    base = min(max_backoff_s, heartbeat_s * 2.0 ** min(failures, 30))
+    return base * (0.5 + 0.5 * jitter)
+
+
+def leaderless_s(
+    acquired_at: float,
+    observed_at: float | None,
+    holder_ttl_s: float | None,
+    *,
+    lease_ttl_s: float,
+    notice_at: float | None,
+) -> float | None:
+    """Estimate how long a job had no live leader before this node acquired it at
+    ``acquired_at``: since the release notice (``notice_at``), or since the previous holder's
+    last renewal (its lock's expiry as last observed, less the lease time). None without an
+    earlier observation."""
+    if observed_at is None or holder_ttl_s is None:
+        return None
+    if notice_at is not None and observed_at <= notice_at <= acquired_at:
+        return acquired_at - notice_at
+    return max(0.0, acquired_at - (observed_at + holder_ttl_s - lease_ttl_s))
