@@ -2,7 +2,14 @@
 
 from ._context import JobContext
 from ._dependencies import job_context
-from ._errors import ConfigurationError, SingletonJobError
+from ._errors import (
+    ConfigurationError,
+    JobNotFound,
+    LeadershipLost,
+    ScheduleError,
+    SingletonJobError,
+    UsageError,
+)
 from ._jobs import SingletonJobs
 from ._schedule import Cron, FixedRate, Interval, Schedule
 from ._state import DropReason, Outcome
@@ -18,15 +25,19 @@ __all__ = [
     "HealthStatus",
     "Interval",
     "JobContext",
+    "JobNotFound",
     "JobReport",
     "JobStatus",
     "LastRun",
+    "LeadershipLost",
     "NodeStatus",
     "Outcome",
     "Schedule",
+    "ScheduleError",
     "SingletonJobError",
     "SingletonJobs",
     "StoreStatus",
+    "UsageError",
     "__version__",
     "job_context",
 ]

@@ -28,7 +28,7 @@ from fastapi.dependencies.utils import get_dependant, solve_dependencies
 from starlette.requests import Request
 
 from ._context import JobContext
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, UsageError
 
 __all__ = ["JobCall", "job_context"]
 
@@ -59,7 +59,10 @@ async def job_context() -> JobContext:
     try:
         return _CURRENT.get()
     except LookupError:
-        raise RuntimeError("job_context is only available while a job runs") from None
+        raise UsageError(
+            "job_context is only available while a job runs: declare it in a dependency of a "
+            "job, as `ctx: Annotated[JobContext, Depends(job_context)]`"
+        ) from None
 
 
 class JobCall:
