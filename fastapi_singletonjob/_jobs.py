@@ -7,7 +7,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
-from datetime import timedelta
 from typing import Any, TypeVar
 
 from fastapi import APIRouter
@@ -15,25 +14,25 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from redis.asyncio import Redis
 
+from ._backend import open_store
 from ._clock import SYSTEM_CLOCK, Clock
 from ._config import (
-    MIN_MISFIRE_GRACE_S,
     MIN_PERIOD_S,
     Duration,
     Settings,
     check_expiry,
     check_name,
+    to_grace_s,
     to_seconds,
 )
 from ._engine import Engine
 from ._errors import ConfigurationError, JobNotFound, UsageError
 from ._job import JobSpec, LeadershipLostPolicy, ScheduleKind
 from ._redact import redact_url
-from ._redis_store import RedisLeaseStore
 from ._router import create_router
-from ._schedule import Cron, FixedRate, Interval, Schedule, policy_of
+from ._schedule import Cron, FixedRate, Interval, Schedule
 from ._status import NodeStatus, node_status
-from ._store import LeaseStore, MemoryLeaseStore
+from ._store import LeaseStore
 from ._telemetry import Telemetry
 
 __all__ = ["SingletonJobs"]
@@ -41,29 +40,6 @@ __all__ = ["SingletonJobs"]
 logger = logging.getLogger("fastapi_singletonjob")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-MAX_POOL_SIZE = 16
-"""Most connections one node opens to Redis for its calls (the release listener has its own)."""
-
-
-def _grace(misfire_grace: Duration | None, job: str) -> float | None:
-    if misfire_grace is None:
-        return None
-    seconds = (
-        misfire_grace.total_seconds() if isinstance(misfire_grace, timedelta) else misfire_grace
-    )
-    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    if number and seconds < MIN_MISFIRE_GRACE_S:  # zero and negatives too: never "on time"
-        raise ConfigurationError(
-            f"misfire_grace={misfire_grace!r} would drop every instant, or most, as late: a "
-            "run always starts a few milliseconds after its instant; pass at least "
-            f"misfire_grace={MIN_MISFIRE_GRACE_S:g} (e.g. misfire_grace=1), or leave it unset "
-            "to let a run start until the next instant",
-            job=job,
-            field="misfire_grace",
-        )
-    return to_seconds(misfire_grace, field="misfire_grace", job=job)
 
 
 class SingletonJobs:
@@ -275,7 +251,7 @@ class SingletonJobs:
         except ValueError as exc:
             field = "timezone" if "timezone=" in str(exc) else "expression"
             raise ConfigurationError(str(exc), job=name, field=field) from None
-        grace_s = _grace(misfire_grace, name)
+        grace_s = to_grace_s(misfire_grace, name)
         return self._decorator(
             name,
             schedule,
@@ -307,7 +283,7 @@ class SingletonJobs:
                 job=name,
                 field="schedule",
             )
-        grace_s = _grace(misfire_grace, name)
+        grace_s = to_grace_s(misfire_grace, name)
         return self._decorator(
             name,
             schedule,
@@ -373,43 +349,10 @@ class SingletonJobs:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def _pool_size(self) -> int:
-        """Connections the store may need at once: the election round, a release, and one
-        claim per job that claims instants (all may fire on one instant); capped, since the
-        pool makes callers wait for a free connection rather than fail."""
-        claiming = sum(
-            1
-            for spec in self._specs.values()
-            if spec.enabled and not policy_of(spec.schedule).after_run
-        )
-        return min(2 + claiming, MAX_POOL_SIZE)
-
     def _open_store(self) -> LeaseStore:
-        if self._client is not None:
-            return RedisLeaseStore(
-                self.project, client=self._client, max_connections=self._pool_size()
-            )
-        url = self.settings.redis_url
-        assert url is not None
-        if url.startswith("memory:"):
-            return MemoryLeaseStore(self.project, self._clock, url)
-        try:
-            return RedisLeaseStore(
-                self.project,
-                url=url,
-                connect_timeout_s=self.settings.heartbeat_interval_s,
-                max_connections=self._pool_size(),
-            )
-        except (ValueError, TypeError) as exc:
-            # Settings.build already refuses what redis-py misreads; should it still fail, its
-            # message may quote the URL (urllib's port error quotes a password), so it is
-            # replaced, and not chained.
-            raise ConfigurationError(
-                f"redis_url={redact_url(url)!r} is refused by redis-py "
-                f"({type(exc).__name__}); check its form: redis://user:password@host:port/db "
-                "with the user name and password percent-encoded",
-                field="redis_url",
-            ) from None
+        return open_store(
+            self.settings, self._specs.values(), client=self._client, clock=self._clock
+        )
 
     async def start(self, app: object = None) -> None:
         """Start electing and running the jobs; returns at once (also when Redis is down).

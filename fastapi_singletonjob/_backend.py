@@ -1,0 +1,58 @@
+"""Which lease store a ``SingletonJobs`` uses, opened at startup."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from redis.asyncio import Redis
+
+from ._clock import Clock
+from ._config import Settings
+from ._errors import ConfigurationError
+from ._job import JobSpec
+from ._redact import redact_url
+from ._redis_store import RedisLeaseStore
+from ._schedule import policy_of
+from ._store import LeaseStore, MemoryLeaseStore
+
+__all__ = ["MAX_POOL_SIZE", "open_store"]
+
+
+MAX_POOL_SIZE = 16
+"""Most connections one node opens to Redis for its calls (the release listener has its own)."""
+
+
+def open_store(
+    settings: Settings, specs: Iterable[JobSpec], *, client: Redis | None, clock: Clock
+) -> LeaseStore:
+    """The store of one ``SingletonJobs``: a Redis store on ``client`` or ``settings``'s URL,
+    or the in-process store for ``memory://``. Opening does not connect.
+
+    The pool holds the connections the store may need at once: the election round, a release,
+    and one claim per job that claims instants (all may fire on one instant); capped, since
+    the pool makes callers wait for a free connection rather than fail."""
+    claiming = sum(1 for spec in specs if spec.enabled and not policy_of(spec.schedule).after_run)
+    pool_size = min(2 + claiming, MAX_POOL_SIZE)
+    if client is not None:
+        return RedisLeaseStore(settings.project, client=client, max_connections=pool_size)
+    url = settings.redis_url
+    assert url is not None
+    if url.startswith("memory:"):
+        return MemoryLeaseStore(settings.project, clock, url)
+    try:
+        return RedisLeaseStore(
+            settings.project,
+            url=url,
+            connect_timeout_s=settings.heartbeat_interval_s,
+            max_connections=pool_size,
+        )
+    except (ValueError, TypeError) as exc:
+        # Settings.build already refuses what redis-py misreads; should it still fail, its
+        # message may quote the URL (urllib's port error quotes a password), so it is
+        # replaced, and not chained.
+        raise ConfigurationError(
+            f"redis_url={redact_url(url)!r} is refused by redis-py "
+            f"({type(exc).__name__}); check its form: redis://user:password@host:port/db "
+            "with the user name and password percent-encoded",
+            field="redis_url",
+        ) from None
