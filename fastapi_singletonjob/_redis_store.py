@@ -36,13 +36,22 @@ from ._store import (
     is_lock_value,
 )
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "POOL_WAIT_S", "RedisLeaseStore"]
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "ELECTION_CONNECTIONS",
+    "POOL_WAIT_S",
+    "RedisLeaseStore",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 4
-"""Connections of the shared pool when the caller does not size it: an election round, a
-release and a status read at once, plus one claim; more claims wait their turn."""
+"""Connections of the claims' pool when the caller does not size it; more claims wait their
+turn."""
+
+ELECTION_CONNECTIONS = 2
+"""Connections of the election's own pool: a round, and a release at the same time (a job that
+retires while a round is in flight)."""
 
 POOL_WAIT_S = 10.0
 """How long a call waits for a free connection of the shared pool before it fails. A backstop
@@ -111,10 +120,10 @@ def _options_from_client(client: Redis) -> tuple[type[AbstractConnection], dict[
 class RedisLeaseStore:
     """Leases kept in Redis keys (see ``_keys``), changed only by the scripts in ``_scripts``.
 
-    :param max_connections: size of the shared pool for calls (default
-        ``DEFAULT_MAX_CONNECTIONS``); callers size it from the work, e.g. two plus the number
-        of jobs that claim instants, capped. Release subscriptions do not count: each has a
-        connection of its own.
+    :param max_connections: size of the claims' pool (default ``DEFAULT_MAX_CONNECTIONS``);
+        callers size it from the work, e.g. two plus the number of jobs that claim instants,
+        capped. The election (renewals, releases) has ``ELECTION_CONNECTIONS`` of its own, and
+        each release subscription one more.
     """
 
     def __init__(
@@ -145,19 +154,26 @@ class RedisLeaseStore:
             self._shown = redact_url(url)
             self._fix = "point redis_url at the primary"
             self._connection_class, self._options = _options_from_url(url, connect_timeout_s)
+        # The election has connections of its own: a renewal never waits behind a burst of
+        # claims (40 cron jobs on one instant), or its lease could lapse while it queues.
         self._redis = Redis(
+            connection_pool=self._pool(
+                BlockingConnectionPool, ELECTION_CONNECTIONS, timeout=POOL_WAIT_S
+            )
+        )
+        self._claims = Redis(
             connection_pool=self._pool(BlockingConnectionPool, size, timeout=POOL_WAIT_S)
         )
         self._elect = self._redis.register_script(_scripts.ELECT)
         self._release = self._redis.register_script(_scripts.RELEASE)
-        self._claim = self._redis.register_script(_scripts.CLAIM)
+        self._claim = self._claims.register_script(_scripts.CLAIM)
         self._checked_server = False
         self._channel = _keys.release_channel(project)
 
     @property
     def max_connections(self) -> int:
-        """Size of the shared pool for calls."""
-        return int(self._redis.connection_pool.max_connections)
+        """Size of the claims' pool."""
+        return int(self._claims.connection_pool.max_connections)
 
     def _pool(
         self, pool_class: type[ConnectionPool], max_connections: int, **extra: Any
@@ -304,7 +320,8 @@ class RedisLeaseStore:
         the primary again when it reconnects, so the next round reaches the new primary.
         """
         try:
-            await self._redis.connection_pool.disconnect(inuse_connections=False)
+            for client in (self._redis, self._claims):
+                await client.connection_pool.disconnect(inuse_connections=False)
         except Exception as exc:  # dropping is best effort; the error below is what matters
             logger.debug("could not drop the connections to %s: %r", self._shown, exc)
         return StoreReadOnly(f"the Redis server at {self._shown} is {what}: {self._fix}")
@@ -346,7 +363,10 @@ class RedisLeaseStore:
 
     async def aclose(self) -> None:
         """Close this store's own pool; a user's client stays open."""
-        await self._redis.aclose(close_connection_pool=True)
+        try:
+            await self._claims.aclose(close_connection_pool=True)
+        finally:
+            await self._redis.aclose(close_connection_pool=True)
 
     def __repr__(self) -> str:
         return f"RedisLeaseStore(project={self._project!r}, url={self._shown!r})"

@@ -7,6 +7,9 @@ toxiproxy is not available here, so the tests put this in front of a real redis-
         proxy.blackhole()      # partition: nothing gets through, connections stay open
         proxy.pass_through()   # heal
         proxy.silence_existing()  # the connections open now die silently; new ones work
+        proxy.silence_subscribers()  # only the pub/sub connections open now die silently
+        proxy.delay_replies(0.4)  # server->client only: Redis acts at once, the reply is late
+        proxy.hold_requests()  # client->server held (replies still flow)
 
 Modes apply at once to existing and new connections. ``blackhole`` holds bytes the way TCP
 does during a partition: when it heals, what was sent in the meantime is delivered in order
@@ -39,6 +42,8 @@ class _Link:
         self.aborted = False
         self.alive = asyncio.Event()  # cleared for good by FaultProxy.silence_existing()
         self.alive.set()
+        self.subscribed = False
+        """True once the client sent a (P)SUBSCRIBE on this connection."""
 
     def abort(self) -> None:
         """Reset both sides (RST, not FIN) and stop pumping."""
@@ -60,8 +65,11 @@ class FaultProxy:
         self._server: asyncio.Server | None = None
         self._mode = Mode.FORWARD
         self._latency_s = 0.0
+        self._reply_latency_s = 0.0
         self._flowing = asyncio.Event()
         self._flowing.set()
+        self._requests_flowing = asyncio.Event()
+        self._requests_flowing.set()
         self._refusing = False
         self._links: set[_Link] = set()
         self._handlers: set[asyncio.Task[None]] = set()
@@ -111,8 +119,11 @@ class FaultProxy:
         await self.close()
 
     def pass_through(self) -> None:
-        """Forward everything without delay; releases what a blackhole held."""
+        """Forward everything without delay; releases what a blackhole or
+        :meth:`hold_requests` held and ends :meth:`delay_replies`."""
         self._set(Mode.FORWARD, 0.0)
+        self._reply_latency_s = 0.0
+        self._requests_flowing.set()
 
     def latency(self, seconds: float) -> None:
         """Delay each chunk by ``seconds`` in each direction, keeping order."""
@@ -139,6 +150,27 @@ class FaultProxy:
         failover, a NAT or firewall that dropped the flow). New connections are relayed."""
         for link in self._links:
             link.alive.clear()
+
+    def silence_subscribers(self) -> None:
+        """Like :meth:`silence_existing`, but only for the connections open now on which the
+        client subscribed to a channel (sent ``SUBSCRIBE`` or ``PSUBSCRIBE``): a half-open
+        pub/sub connection while the client's other connections, and new ones, work."""
+        for link in self._links:
+            if link.subscribed:
+                link.alive.clear()
+
+    def delay_replies(self, seconds: float) -> None:
+        """Delay each server->client chunk by ``seconds`` more (on top of :meth:`latency`),
+        keeping order; requests are not delayed, so Redis acts on a command long before its
+        client hears the answer. Applies to chunks read from now on."""
+        if seconds < 0:
+            raise ValueError(f"reply delay must be >= 0 seconds, got {seconds!r}")
+        self._reply_latency_s = seconds
+
+    def hold_requests(self) -> None:
+        """Hold every client->server byte (delivered in order by :meth:`pass_through`), while
+        replies already on their way, and anything else the server sends, still flow."""
+        self._requests_flowing.clear()
 
     def refuse(self) -> None:
         """Reset new connections as soon as they are accepted (existing ones are kept)."""
@@ -179,8 +211,8 @@ class FaultProxy:
             upstream: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
             downstream: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
             link.tasks = [
-                asyncio.create_task(self._read(reader, upstream)),
-                asyncio.create_task(self._read(up_reader, downstream)),
+                asyncio.create_task(self._read(reader, upstream, link=link)),
+                asyncio.create_task(self._read(up_reader, downstream, replies=True)),
                 asyncio.create_task(self._write(upstream, up_writer, replies=False, link=link)),
                 asyncio.create_task(self._write(downstream, writer, replies=True, link=link)),
             ]
@@ -198,9 +230,15 @@ class FaultProxy:
             self._handlers.discard(task)
 
     async def _read(
-        self, reader: asyncio.StreamReader, queue: asyncio.Queue[tuple[float, bytes]]
+        self,
+        reader: asyncio.StreamReader,
+        queue: asyncio.Queue[tuple[float, bytes]],
+        *,
+        replies: bool = False,
+        link: _Link | None = None,
     ) -> None:
-        """Stamp each chunk with its due time; an empty chunk marks EOF or a broken socket."""
+        """Stamp each chunk with its due time; an empty chunk marks EOF or a broken socket.
+        Client chunks (``link`` given) mark the link as subscribed when they subscribe."""
         loop = asyncio.get_running_loop()
         chunk = b"-"
         while chunk:
@@ -208,7 +246,10 @@ class FaultProxy:
                 chunk = await reader.read(_CHUNK_BYTES)
             except OSError:
                 chunk = b""
-            queue.put_nowait((loop.time() + self._latency_s, chunk))
+            if link is not None and not link.subscribed and b"SUBSCRIBE" in chunk.upper():
+                link.subscribed = True
+            delay_s = self._latency_s + (self._reply_latency_s if replies else 0.0)
+            queue.put_nowait((loop.time() + delay_s, chunk))
 
     async def _write(
         self,
@@ -223,6 +264,8 @@ class FaultProxy:
             due, chunk = await queue.get()
             await asyncio.sleep(max(0.0, due - loop.time()))
             await self._flowing.wait()
+            if not replies:
+                await self._requests_flowing.wait()
             if link is not None:
                 await link.alive.wait()
             if not chunk:

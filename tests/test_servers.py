@@ -271,6 +271,68 @@ async def test_proxy_refuse_rejects_new_connections_only(proxy: FaultProxy) -> N
         assert await late.ping()
 
 
+async def test_proxy_delay_replies_delays_only_replies(
+    proxy: FaultProxy, redis_server: RedisServer, unique_project: str
+) -> None:
+    key = f"{unique_project}:late-reply"
+    async with async_client(proxy.port) as client:
+        await client.ping()
+        proxy.delay_replies(0.5)
+        started = time.monotonic()
+        sent = asyncio.ensure_future(client.set(key, "v"))
+        with redis_server.client() as direct:
+            # Redis acts at once; only the answer is late.
+            await wait_until(lambda: direct.get(key) == "v", "the SET reaches Redis", 0.3)
+        assert await sent
+        assert 0.5 <= time.monotonic() - started < 2.0
+        proxy.pass_through()
+        started = time.monotonic()
+        await client.ping()
+        assert time.monotonic() - started < 0.2
+
+
+async def test_proxy_hold_requests_holds_until_healed(
+    proxy: FaultProxy, redis_server: RedisServer, unique_project: str
+) -> None:
+    key = f"{unique_project}:held-request"
+    async with async_client(proxy.port) as client:
+        await client.ping()
+        proxy.delay_replies(0.3)
+        answered = asyncio.ensure_future(client.ping())  # on its way when the hold begins
+        await asyncio.sleep(0.1)
+        proxy.hold_requests()
+        assert await asyncio.wait_for(answered, 2.0)  # replies still flow
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(client.set(key, "v"), 0.3)
+        with redis_server.client() as direct:
+            assert direct.get(key) is None
+            proxy.pass_through()
+            await wait_until(lambda: direct.get(key) == "v", "the held SET reaches Redis")
+        assert await client.ping()
+
+
+async def test_proxy_silence_subscribers_spares_other_connections(
+    proxy: FaultProxy, redis_server: RedisServer, unique_project: str
+) -> None:
+    channel = f"{unique_project}:channel"
+    async with async_client(proxy.port) as client:
+        pubsub = client.pubsub()
+        await pubsub.subscribe(channel)
+        assert (await pubsub.get_message(timeout=2.0) or {}).get("type") == "subscribe"
+        await client.ping()  # the client's other connection
+        proxy.silence_subscribers()
+        with redis_server.client() as direct:
+            assert direct.publish(channel, "hello") == 1  # Redis still counts it
+        assert await pubsub.get_message(timeout=0.3) is None  # but nothing arrives
+        assert await client.ping()
+        assert proxy.connections == 2  # silent, not closed
+        later = client.pubsub()
+        await later.subscribe(channel)  # a new subscription works
+        assert (await later.get_message(timeout=2.0) or {}).get("type") == "subscribe"
+        await later.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
 async def test_proxy_close_aborts_connections(redis_server: RedisServer) -> None:
     fault_proxy = FaultProxy("127.0.0.1", redis_server.port)
     await fault_proxy.start()

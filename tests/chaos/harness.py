@@ -453,6 +453,23 @@ class Cluster:
         self.store = self._servers(appendonly=appendonly, extra_args=extra_args)
         return self.store
 
+    async def read_replica(self, timeout_s: float = 10.0) -> RedisServer:
+        """Start a second redis-server replicating the store (``--replicaof``, read-only as
+        by default) and return it once its link to the store is up; killed at teardown."""
+        primary = self.store
+        assert primary is not None, "start the store with cluster.redis() first"
+        with primary.client() as client:  # start the first sync at once, not 5 s later
+            client.config_set("repl-diskless-sync-delay", 0)
+        server = self._servers(extra_args=("--replicaof", HOST, str(primary.port)))
+
+        def in_sync() -> bool:
+            with server.client() as client:
+                info = client.info("replication")
+            return str(info.get("master_link_status")) == "up"
+
+        await self.wait(in_sync, timeout_s, "the replica is in sync with the store", poll_s=0.05)
+        return server
+
     def replica(
         self,
         name: str,
