@@ -20,20 +20,41 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # tests/servers.py and tests/node_proc.py: imported, not copied
 
-# Checked alone, mypy cannot see tests/; checked with tests/, the ignores are unused.
-import node_proc  # type: ignore[import-not-found,unused-ignore]  # noqa: E402
-from servers import (  # type: ignore[import-not-found,unused-ignore]  # noqa: E402
-    RedisServer,
-    find_redis_server,
-    free_port,
-)
+if TYPE_CHECKING:
+    # Checked alone, mypy cannot see tests/; checked with tests/, the ignores are unused.
+    import node_proc  # type: ignore[import-not-found,unused-ignore]
+    from servers import (  # type: ignore[import-not-found,unused-ignore]
+        RedisServer,
+        find_redis_server,
+        free_port,
+    )
+
+_LAZY = {
+    "node_proc": ("node_proc", None),
+    "RedisServer": ("servers", "RedisServer"),
+    "find_redis_server": ("servers", "find_redis_server"),
+    "free_port": ("servers", "free_port"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import tests/servers.py and tests/node_proc.py on first use: they import redis, which
+    the many child processes that need neither should not pay for at startup."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ROOT",
@@ -125,7 +146,7 @@ def _version(distribution: str) -> str | None:
 
 def machine() -> Json:
     """The machine and software the figures come from."""
-    with RedisServer.start() as server:
+    with __getattr__("RedisServer").start() as server:
         version = redis_version(server)
     return {
         "platform": platform.platform(),

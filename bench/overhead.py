@@ -1,18 +1,26 @@
-"""Overhead: CPU per tick with 1,000 empty jobs, OpenTelemetry's share, startup and shutdown.
+"""Overhead: CPU per tick with 500 and 1,000 empty jobs, OpenTelemetry's share, memory per
+job, startup and shutdown.
 
-CPU per tick: a child process runs 1,000 empty jobs every 0.5 s (all on the same instants, as
-jobs declared without an offset are) and divides its CPU time (``time.process_time``) over a
-window by the runs in it; ticks per second per core is the inverse. Variants: the library on
-``memory://`` with the OpenTelemetry API alone (no SDK configured: every call a no-op), the
-library with the SDK and in-memory exporters (``SimpleSpanProcessor`` +
-``InMemorySpanExporter``, ``InMemoryMetricReader``), APScheduler 3, ``repeat_every``, and bare
-asyncio loops (the floor). Each variant runs ``REPEATS`` times, the variants interleaved, and
-the median is reported.
+CPU per tick: a child process runs 500 or 1,000 empty jobs every 100 ms (all on the same
+instants, as jobs declared without an offset are) and divides its CPU time
+(``time.process_time``) over a window of whole periods by the runs in it; ticks per second per
+core is the inverse. Variants: the library's ``fixed_rate`` on ``memory://`` with the
+OpenTelemetry API alone (no SDK configured: every call a no-op), APScheduler 3
+(``AsyncIOScheduler``, interval jobs), ``repeat_every``, and bare asyncio loops (the floor).
+OpenTelemetry's share is measured apart, at a load the SDK keeps up with (100 jobs every
+100 ms): the library with and without the SDK and in-memory exporters
+(``SimpleSpanProcessor`` + ``InMemorySpanExporter``, ``InMemoryMetricReader``). Each variant
+runs ``repeats`` times in a fresh process, the variants interleaved, and the median is reported.
+
+Memory per job: RSS (``/proc/self/statm``, after ``gc.collect()``) of a fresh process with
+1,000 interval jobs started, less that of one with a single job, over 999; for the library
+(``memory://``) and APScheduler 3 (``AsyncIOScheduler``, started).
 
 Startup: lifespan start to the first run of an interval job (and to the last of 1,000), on
 ``memory://`` and on a local redis-server. Shutdown: lifespan exit while no run is in flight.
 
-    python -m bench.overhead cpu --scheduler singletonjob --jobs 1000 --period 0.5
+    python -m bench.overhead cpu --scheduler singletonjob --jobs 1000 --period 0.1
+    python -m bench.overhead memory --scheduler apscheduler --jobs 1000
     python -m bench.overhead lifecycle --url redis://... --repeats 10
 """
 
@@ -20,8 +28,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -29,7 +40,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench._common import Child, Json, RedisServer, optional, say, spawn, stats, stop_children
+from bench import _common
+from bench._common import Child, Json, optional, say, spawn, stats, stop_children
 
 CPU_SCHEDULERS = (
     "singletonjob",
@@ -38,8 +50,19 @@ CPU_SCHEDULERS = (
     "repeat_every",
     "asyncio_floor",
 )
-JOBS = 1000
-PERIOD_S = 0.5
+CPU_JOBS = (500, 1000)
+"""The job counts of the CPU comparison."""
+CPU_VARIANTS = ("singletonjob", "apscheduler", "repeat_every", "asyncio_floor")
+"""The variants of the CPU comparison, each at every count of ``CPU_JOBS``."""
+OTEL_JOBS = 100
+"""The load of the OpenTelemetry pair: light enough for the SDK variant to keep up with at
+``PERIOD_S`` (a span exported per run costs several times a run without)."""
+OTEL_VARIANTS = ("singletonjob", "singletonjob_otel")
+PERIOD_S = 0.1
+MEMORY_SCHEDULERS = ("singletonjob", "apscheduler")
+MEMORY_JOBS = (1, 1000)
+MEMORY_EVERY_S = 3600.0
+"""Period of the memory children's interval jobs: each runs once at the start, then waits."""
 LIFECYCLE_JOBS = (1, 1000)
 
 
@@ -83,7 +106,17 @@ async def _cpu_singletonjob(counter: Counter, jobs: int, period: float, otel: bo
     for i in range(jobs):
         sj.fixed_rate(f"job-{i:04d}", every=period)(counter.tick)
     await sj.start()
-    return sj.stop
+    return sj
+
+
+def _dropped(sj: Any) -> dict[str, int]:
+    """Ticks the library dropped, by reason, over all its jobs."""
+    out: dict[str, int] = {}
+    for runner in sj.engine.runners.values() if sj.engine else ():
+        for reason, count in runner.stats.dropped.items():
+            if count:
+                out[reason.value] = out.get(reason.value, 0) + count
+    return out
 
 
 async def _cpu_apscheduler(counter: Counter, jobs: int, period: float) -> Any:
@@ -91,7 +124,9 @@ async def _cpu_apscheduler(counter: Counter, jobs: int, period: float) -> Any:
     if module is None:
         raise SystemExit("apscheduler is not installed")
     scheduler = module.AsyncIOScheduler(timezone=timezone.utc)
-    first = datetime.fromtimestamp(math.ceil(time.time()) + 0.5, timezone.utc)
+    # The first run on the grid of instants the other variants use, a period or two ahead:
+    # the measuring window (after the warm-up) must not open before it.
+    first = datetime.fromtimestamp((math.floor(time.time() / period) + 2) * period, timezone.utc)
     for i in range(jobs):
         scheduler.add_job(
             counter.tick,
@@ -134,10 +169,12 @@ async def cpu_child(args: argparse.Namespace) -> Json:
     app = fastapi.FastAPI()
     counter = Counter()
     before = set(asyncio.all_tasks())
+    sj = None
     if args.scheduler.startswith("singletonjob"):
-        stop = await _cpu_singletonjob(
+        sj = await _cpu_singletonjob(
             counter, args.jobs, args.period, otel=args.scheduler == "singletonjob_otel"
         )
+        stop = sj.stop
     elif args.scheduler == "apscheduler":
         stop = await _cpu_apscheduler(counter, args.jobs, args.period)
     elif args.scheduler == "repeat_every":
@@ -161,11 +198,13 @@ async def cpu_child(args: argparse.Namespace) -> Json:
     ticks0, cpu0, wall0 = counter.ticks, time.process_time(), time.monotonic()
     await asyncio.sleep(max(1, round(args.window / args.period)) * args.period)
     ticks1, cpu1, wall1 = counter.ticks, time.process_time(), time.monotonic()
+    dropped = _dropped(sj) if sj is not None else None
     await stop()
     ticks = ticks1 - ticks0
     cpu = cpu1 - cpu0
     return {
         "ticks": ticks,
+        "dropped_since_start": dropped,
         "cpu_s": cpu,
         "wall_s": wall1 - wall0,
         "cpu_us_per_tick": cpu / ticks * 1e6 if ticks else None,
@@ -173,6 +212,64 @@ async def cpu_child(args: argparse.Namespace) -> Json:
         "otel_sdk_imported": sys.modules.get("opentelemetry.sdk") is not None,
         "app": type(app).__name__,
     }
+
+
+# -- memory per job (child) --------------------------------------------------------------------
+
+
+def rss_bytes() -> int:
+    """This process's resident set size, from ``/proc/self/statm`` (pages × page size)."""
+    with open("/proc/self/statm") as statm:
+        resident = int(statm.read().split()[1])
+    return resident * os.sysconf("SC_PAGE_SIZE")
+
+
+async def memory_child(args: argparse.Namespace) -> Json:
+    """Start ``args.jobs`` interval jobs, let each run once, then measure the RSS."""
+    counter = Counter()
+    all_ran = asyncio.Event()
+
+    async def job() -> None:
+        await counter.tick()
+        if counter.ticks >= args.jobs:
+            all_ran.set()
+
+    if args.scheduler == "singletonjob":
+        from fastapi_singletonjob import SingletonJobs
+
+        sj = SingletonJobs(redis_url="memory://memory", project="bench-memory")
+        for i in range(args.jobs):
+            sj.interval(f"job-{i:04d}", every=MEMORY_EVERY_S)(job)
+        await sj.start()
+        stop = sj.stop
+    else:
+        module = optional("apscheduler.schedulers.asyncio")
+        if module is None:
+            raise SystemExit("apscheduler is not installed")
+        scheduler = module.AsyncIOScheduler(timezone=timezone.utc)
+        run_now = datetime.now(timezone.utc)
+        for i in range(args.jobs):
+            scheduler.add_job(
+                job,
+                "interval",
+                seconds=MEMORY_EVERY_S,
+                next_run_time=run_now,  # runs once now, as the library's interval jobs do
+                id=f"job-{i:04d}",
+                max_instances=1,
+            )
+        scheduler.start()
+
+        async def stop() -> None:
+            scheduler.shutdown(wait=False)
+
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(all_ran.wait(), 10.0)  # "runs" in the result tells if not
+    await asyncio.sleep(args.settle)  # the runs' tasks are done and collected
+    gc.collect()
+    rss = rss_bytes()
+    runs = counter.ticks
+    await stop()
+    return {"rss_bytes": rss, "jobs": args.jobs, "runs": runs}
 
 
 # -- lifecycle (child) -------------------------------------------------------------------------
@@ -346,55 +443,146 @@ NO_SDK = (
 """Run the child as if opentelemetry-sdk were not installed (redis-py imports it if it is)."""
 
 
+def _start_child(name: str, args: list[str], workdir: Path, *, no_sdk: bool = False) -> Child:
+    log = workdir / f"overhead-{name}.log"
+    if no_sdk:
+        return Child(name, ["-c", NO_SDK, *args], log)
+    return spawn(name, "bench.overhead", args, log)
+
+
+def _read_json(child: Child) -> Json:
+    data: Json = json.loads(child.expect("{"))
+    return data
+
+
 def _child_json(
     name: str, args: list[str], workdir: Path, timeout_s: float, *, no_sdk: bool = False
 ) -> Json:
-    log = workdir / f"overhead-{name}.log"
-    child = (
-        Child(name, ["-c", NO_SDK, *args], log)
-        if no_sdk
-        else spawn(name, "bench.overhead", args, log)
-    )
+    child = _start_child(name, args, workdir, no_sdk=no_sdk)
     try:
-        line = child.expect("{")
-        data: Json = json.loads(line)
-        return data
+        return _read_json(child)
     finally:
         stop_children([child], timeout_s)
 
 
-def run(quick: bool, workdir: Path) -> Json:
-    """CPU per tick for every variant (interleaved repeats), then the lifecycle timings."""
-    repeats, warmup, window = (1, 1.0, 1.5) if quick else (3, 2.0, 4.0)
-    schedulers = [s for s in CPU_SCHEDULERS if s != "apscheduler" or optional("apscheduler")]
-    started = time.monotonic()
-    samples: dict[str, list[Json]] = {s: [] for s in schedulers}
+def _cpu_row(rows: list[Json]) -> Json:
+    """The median CPU per tick of one variant's repeats, with every repeat's figures."""
+    per_tick = [r["cpu_us_per_tick"] for r in rows if r["cpu_us_per_tick"]]
+    median_us = stats(per_tick, digits=2)["p50"]
+    return {
+        "cpu_us_per_tick": median_us,
+        "cpu_us_per_tick_all": [round(x, 2) for x in per_tick],
+        "ticks_per_s_per_core": round(1e6 / median_us) if median_us else None,
+        "cpu_percent": stats([100 * r["cpu_s"] / r["wall_s"] for r in rows], digits=1)["p50"],
+        "ticks": [r["ticks"] for r in rows],
+        "expected_ticks": [r["expected_ticks"] for r in rows],
+        "dropped_since_start": [r.get("dropped_since_start") for r in rows],
+        "otel_sdk_imported": any(r["otel_sdk_imported"] for r in rows),
+    }
+
+
+def _cpu(quick: bool, workdir: Path) -> Json:
+    """CPU per tick: every (jobs, variant) of the comparison and the OpenTelemetry pair, in
+    fresh processes, the variants interleaved within each repeat."""
+    repeats, warmup, window = (1, 0.4, 0.6) if quick else (3, 1.5, 3.0)
+    has_aps = optional("apscheduler") is not None
+    plan = [
+        ("by_jobs", jobs, scheduler)
+        for jobs in CPU_JOBS
+        for scheduler in CPU_VARIANTS
+        if scheduler != "apscheduler" or has_aps
+    ]
+    plan += [("otel", OTEL_JOBS, scheduler) for scheduler in OTEL_VARIANTS]
+    samples: dict[tuple[str, int, str], list[Json]] = {key: [] for key in plan}
     for _ in range(repeats):
-        for scheduler in schedulers:
+        for key in plan:
+            _, jobs, scheduler = key
             args = [
                 "cpu",
-                *("--scheduler", scheduler, "--jobs", str(JOBS), "--period", str(PERIOD_S)),
+                *("--scheduler", scheduler, "--jobs", str(jobs), "--period", str(PERIOD_S)),
                 *("--warmup", str(warmup), "--window", str(window)),
             ]
-            samples[scheduler].append(
-                _child_json(scheduler, args, workdir, 30.0, no_sdk=scheduler == "singletonjob")
+            # Without an SDK installed, the library's OpenTelemetry calls are no-ops.
+            no_sdk = scheduler == "singletonjob"
+            samples[key].append(
+                _child_json(f"{scheduler}-{jobs}", args, workdir, 30.0, no_sdk=no_sdk)
             )
-    cpu: Json = {}
-    for scheduler, rows in samples.items():
-        per_tick = [r["cpu_us_per_tick"] for r in rows if r["cpu_us_per_tick"]]
-        median_us = stats(per_tick, digits=2)["p50"]
-        cpu[scheduler] = {
-            "cpu_us_per_tick": median_us,
-            "cpu_us_per_tick_all": [round(x, 2) for x in per_tick],
-            "ticks_per_s_per_core": round(1e6 / median_us) if median_us else None,
-            "ticks": [r["ticks"] for r in rows],
-            "expected_ticks": [r["expected_ticks"] for r in rows],
-            "otel_sdk_imported": any(r["otel_sdk_imported"] for r in rows),
+    by_jobs: dict[str, Json] = {}
+    otel: Json = {}
+    for (part, jobs, scheduler), rows in samples.items():
+        if part == "otel":
+            otel[scheduler] = _cpu_row(rows)
+        else:
+            by_jobs.setdefault(str(jobs), {})[scheduler] = _cpu_row(rows)
+    noop = otel["singletonjob"]["cpu_us_per_tick"]
+    sdk = otel["singletonjob_otel"]["cpu_us_per_tick"]
+    return {
+        "settings": {
+            "jobs": list(CPU_JOBS),
+            "period_s": PERIOD_S,
+            "otel_jobs": OTEL_JOBS,
+            "repeats": repeats,
+            "warmup_s": warmup,
+            "window_s": window,
+        },
+        "by_jobs": by_jobs,
+        "otel": otel,
+        "otel_delta_us_per_tick": round(sdk - noop, 2) if noop and sdk else None,
+    }
+
+
+def _memory(quick: bool, workdir: Path) -> Json:
+    """RSS per registered job: a fresh process for each count, scheduler and repeat."""
+    repeats = 1 if quick else 3
+    schedulers = [s for s in MEMORY_SCHEDULERS if s != "apscheduler" or optional("apscheduler")]
+    samples: dict[str, dict[int, list[Json]]] = {
+        s: {n: [] for n in MEMORY_JOBS} for s in schedulers
+    }
+    for _ in range(repeats):
+        # The processes of one repeat run at once: RSS is the process's own, whatever runs
+        # beside it.
+        plan = [(scheduler, jobs) for scheduler in schedulers for jobs in MEMORY_JOBS]
+        children: list[Child] = []
+        try:
+            for scheduler, jobs in plan:
+                args = ["memory", "--scheduler", scheduler, "--jobs", str(jobs)]
+                name = f"memory-{scheduler}-{jobs}"
+                children.append(
+                    _start_child(name, args, workdir, no_sdk=scheduler == "singletonjob")
+                )
+            for (scheduler, jobs), child in zip(plan, children, strict=True):
+                samples[scheduler][jobs].append(_read_json(child))
+        finally:
+            stop_children(children, 30.0)
+    few, many = MEMORY_JOBS
+    out: Json = {}
+    for scheduler, by_count in samples.items():
+        rss = {
+            n: stats([r["rss_bytes"] for r in rows], digits=0)["p50"]
+            for n, rows in by_count.items()
         }
-    noop = cpu["singletonjob"]["cpu_us_per_tick"]
-    sdk = cpu["singletonjob_otel"]["cpu_us_per_tick"]
+        out[scheduler] = {
+            "rss_bytes": {str(n): int(v) for n, v in rss.items()},
+            "rss_bytes_all": {
+                str(n): [r["rss_bytes"] for r in rows] for n, rows in by_count.items()
+            },
+            "runs": {str(n): [r["runs"] for r in rows] for n, rows in by_count.items()},
+            "bytes_per_job": round((rss[many] - rss[few]) / (many - few)),
+        }
+    return {
+        "settings": {"jobs": list(MEMORY_JOBS), "repeats": repeats, "every_s": MEMORY_EVERY_S},
+        "results": out,
+    }
+
+
+def run(quick: bool, workdir: Path) -> Json:
+    """CPU per tick (interleaved repeats), memory per job, then the lifecycle timings."""
+    started = time.monotonic()
+    cpu = _cpu(quick, workdir)
+    memory = _memory(quick, workdir)
     lifecycle_repeats = 3 if quick else 10
-    with RedisServer.start(data_dir=workdir / "redis-overhead") as server:
+    # Through the module: tests/servers.py (and redis) load on first use, not in every child.
+    with _common.RedisServer.start(data_dir=workdir / "redis-overhead") as server:
         lifecycle = _child_json(
             "lifecycle",
             ["lifecycle", "--url", server.url, "--repeats", str(lifecycle_repeats)],
@@ -403,16 +591,11 @@ def run(quick: bool, workdir: Path) -> Json:
         )
     return {
         "settings": {
-            "jobs": JOBS,
-            "period_s": PERIOD_S,
-            "repeats": repeats,
-            "warmup_s": warmup,
-            "window_s": window,
             "lifecycle_jobs": list(LIFECYCLE_JOBS),
             "lifecycle_repeats": lifecycle_repeats,
         },
         "cpu": cpu,
-        "otel_delta_us_per_tick": round(sdk - noop, 2) if noop and sdk else None,
+        "memory": memory,
         "lifecycle": lifecycle,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
@@ -421,16 +604,17 @@ def run(quick: bool, workdir: Path) -> Json:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a child process: prints one JSON line."""
     parser = argparse.ArgumentParser(description="overhead child process")
-    parser.add_argument("role", choices=["cpu", "lifecycle"])
+    parser.add_argument("role", choices=["cpu", "memory", "lifecycle"])
     parser.add_argument("--scheduler", choices=CPU_SCHEDULERS, default="singletonjob")
-    parser.add_argument("--jobs", type=int, default=JOBS)
+    parser.add_argument("--jobs", type=int, default=CPU_JOBS[-1])
     parser.add_argument("--period", type=float, default=PERIOD_S)
-    parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--window", type=float, default=4.0)
+    parser.add_argument("--warmup", type=float, default=1.5)
+    parser.add_argument("--window", type=float, default=3.0)
+    parser.add_argument("--settle", type=float, default=0.5, help="memory: wait before measuring")
     parser.add_argument("--url", default="memory://")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    child = cpu_child if args.role == "cpu" else lifecycle_child
+    child = {"cpu": cpu_child, "memory": memory_child, "lifecycle": lifecycle_child}[args.role]
     say(json.dumps(asyncio.run(child(args))))
     return 0
 

@@ -1,13 +1,17 @@
 """Tick precision: how late each tick starts, and whether the schedule drifts.
 
 One child process per (scheduler, period, load): a measured job every 10 ms, 100 ms or 500 ms
-whose body awaits for 20 % of the period, alone or beside 100 more jobs every 1 s (each
-awaiting 200 ms, all on the same instants, as jobs declared without an offset are). Lateness is
-``time.time()`` at the body's first instruction minus the tick's ideal instant. The children of
-one phase run at the same time, on instants shifted by a different offset each, so that all
-schedulers share the machine's conditions without waking together.
+whose body awaits for 20 % of the period, alone or beside 100 more jobs every 500 ms (each
+awaiting 100 ms, all on the measured job's instants, as jobs declared without an offset are:
+every 500 ms tick, every fifth 100 ms tick and every fiftieth 10 ms tick shares its instant
+with the 100). Lateness is ``time.time()`` at the body's first instruction minus the tick's
+ideal instant. The children of one phase run at the same time, on instants shifted by a
+different offset each, so that all schedulers share the machine's conditions without waking
+together. Each child also reports its process's CPU time over the window, which gives the CPU
+cost of the library's ``precision=`` setting.
 
-Schedulers: fastapi-singletonjob (``fixed_rate``, ``memory://``), APScheduler 3
+Schedulers: fastapi-singletonjob (``fixed_rate``, ``memory://``), the same with
+``precision=0.002`` (wake 2 ms early and yield to the loop until the instant), APScheduler 3
 (``AsyncIOScheduler``, interval trigger, ``max_instances=1``), fastapi-utils ``repeat_every``
 (or the canonical ``while True: await f(); await asyncio.sleep(s)`` when it is not installed),
 and a bare asyncio loop that sleeps until each grid instant: the floor any asyncio scheduler
@@ -43,11 +47,20 @@ from bench._common import (
     stop_children,
 )
 
-SCHEDULERS = ("singletonjob", "apscheduler", "repeat_every", "asyncio_floor", "asyncio_spin")
+SCHEDULERS = (
+    "singletonjob",
+    "singletonjob_precise",
+    "apscheduler",
+    "repeat_every",
+    "asyncio_floor",
+    "asyncio_spin",
+)
+PRECISION_S = 0.002
+"""The library's ``precision=`` in the ``singletonjob_precise`` rows."""
 SPIN_S = 0.0015
 BODY_FRACTION = 0.2
 BACKGROUND_JOBS = 100
-BACKGROUND_PERIOD_S = 1.0
+BACKGROUND_PERIOD_S = 0.5
 READY_TIMEOUT_S = 120.0
 DRIFT_POINTS = 211  # runs sampled for the drift slope (a prime: no beat with 1-in-100 spikes)
 
@@ -78,11 +91,13 @@ async def _sleep_until(wall: float) -> None:
 
 
 async def run_singletonjob(
-    period: float, offset: float, background: int, window: Window
+    period: float, offset: float, background: int, window: Window, precision: float = 0.0
 ) -> dict[str, Any]:
     from fastapi_singletonjob import JobContext, SingletonJobs
 
-    jobs = SingletonJobs(redis_url="memory://precision", project="bench-precision")
+    jobs = SingletonJobs(
+        redis_url="memory://precision", project="bench-precision", precision=precision
+    )
     body_s = BODY_FRACTION * period
 
     @jobs.fixed_rate("measured", every=period, offset=offset)
@@ -106,7 +121,14 @@ async def run_singletonjob(
         dropped = {k.value: v for k, v in stats_.dropped.items()} if stats_ else {}
     finally:
         await jobs.stop()
-    return {"label": "fastapi-singletonjob fixed_rate", "dropped": dropped}
+    label = "fastapi-singletonjob fixed_rate" + (f", precision={precision:g}" if precision else "")
+    return {"label": label, "dropped": dropped}
+
+
+async def run_singletonjob_precise(
+    period: float, offset: float, background: int, window: Window
+) -> dict[str, Any]:
+    return await run_singletonjob(period, offset, background, window, precision=PRECISION_S)
 
 
 async def run_apscheduler(
@@ -273,6 +295,7 @@ async def _plain_loop(every: float, body_s: float, offset: float) -> None:
 
 PRELOAD = {
     "singletonjob": ("fastapi_singletonjob",),
+    "singletonjob_precise": ("fastapi_singletonjob",),
     "apscheduler": ("apscheduler.schedulers.asyncio", "apscheduler.events"),
     "repeat_every": ("fastapi_utils.tasks",),
     "asyncio_floor": (),
@@ -282,6 +305,7 @@ PRELOAD = {
 
 RUNNERS = {
     "singletonjob": run_singletonjob,
+    "singletonjob_precise": run_singletonjob_precise,
     "apscheduler": run_apscheduler,
     "repeat_every": run_repeat_every,
     "asyncio_floor": run_asyncio_floor,
@@ -353,6 +377,7 @@ def summarize(period: float, raw: Json, expected: int) -> Json:
         "drift_ms": None if drift is None else round(drift, 3),
         "drift_per_1000_ticks_ms": None if per_1000 is None else round(per_1000, 3),
         "cpu_ms_per_s": round(raw["cpu_s"] / raw["window_s"] * 1000, 2),
+        "cpu_us_per_run": round(raw["cpu_s"] / len(start) * 1e6, 1) if start else None,
         "series_ms": downsample(late_ms),
     }
     if raw.get("lib_lateness"):
@@ -418,7 +443,7 @@ def json_load(path: Path) -> Json:
 def run(quick: bool, workdir: Path) -> Json:
     """Run both phases; return the summaries."""
     schedulers = [s for s in SCHEDULERS if s != "apscheduler" or optional("apscheduler")]
-    fast_s, slow_s = (6, 5) if quick else (100, 60)
+    fast_s, slow_s = (4, 4) if quick else (50, 120)
     started = time.monotonic()
     results = _phase((0.01,), fast_s, schedulers, workdir)
     results += _phase((0.1, 0.5), slow_s, schedulers, workdir)
@@ -427,6 +452,8 @@ def run(quick: bool, workdir: Path) -> Json:
             "body_fraction": BODY_FRACTION,
             "background_jobs": BACKGROUND_JOBS,
             "background_period_s": BACKGROUND_PERIOD_S,
+            "precision_s": PRECISION_S,
+            "spin_s": SPIN_S,
             "window_s": {"10": fast_s, "100": slow_s, "500": slow_s},
             "store": "memory://",
             "drift_points": DRIFT_POINTS,
