@@ -1,0 +1,1 @@
+"""Deterministic simulation of a cluster under seeded faults (see ``sim.py``)."""
