@@ -4,6 +4,7 @@ election and the runner: each is named after its item and runs on the fake clock
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta, timezone
@@ -21,6 +22,7 @@ from fastapi_singletonjob._store import (
     LeaseRequest,
     MemoryLeaseStore,
 )
+from fastapi_singletonjob._store import LeaseStore as LeaseStoreLike
 from fastapi_singletonjob.testing import FakeClock
 
 
@@ -38,6 +40,29 @@ class SlowReplyStore(MemoryLeaseStore):
         self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
         await asyncio.Event().wait()
+
+
+@contextlib.asynccontextmanager
+async def running(
+    clock: FakeClock, store: LeaseStoreLike, lease: Lease, heartbeat_s: float
+) -> AsyncIterator[Elector]:
+    """An elector of ``lease`` on ``store``, its loop running until the block ends."""
+    elector = Elector(
+        store=store,
+        node_id="n1",
+        leases=[lease],
+        heartbeat_s=heartbeat_s,
+        max_backoff_s=30.0,
+        clock=clock,
+        rng=lambda: 0.0,
+    )
+    task = asyncio.create_task(elector.run())
+    try:
+        yield elector
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
 
 async def _first_term(clock: FakeClock, lease: Lease, step_s: float = 0.01) -> tuple[float, float]:
@@ -60,41 +85,18 @@ async def test_item1_leadership_lost_is_set_at_the_deadline_after_a_slow_reply(
     store = SlowReplyStore("p", clock, f"memory://item1-{reply_delay_s}")
     store.delay_s = reply_delay_s
     lease = Lease("job", 10.0)
-    elector = Elector(
-        store=store,
-        node_id="n1",
-        leases=[lease],
-        heartbeat_s=3.0,
-        max_backoff_s=30.0,
-        clock=clock,
-        rng=lambda: 0.0,
-    )
-    task = asyncio.create_task(elector.run())
-    try:
+    async with running(clock, store, lease, heartbeat_s=3.0):
         deadline, lost_at = await _first_term(clock, lease)
-        # Before the fix the watchdog slept on the interval it computed before the term
-        # began, and the event came up to a heartbeat (2.1 s) after the deadline.
-        assert lost_at <= deadline + 0.011
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    # Before the fix the watchdog slept on the interval it computed before the term began,
+    # and the event came up to a heartbeat (2.1 s) after the deadline.
+    assert lost_at <= deadline + 0.011
 
 
 async def test_item4_leadership_lost_is_set_right_after_a_suspend() -> None:
     clock = FakeClock()
     lease = Lease("job", 3.0)
-    elector = Elector(
-        store=MemoryLeaseStore("p", clock, "memory://item4"),
-        node_id="n1",
-        leases=[lease],
-        heartbeat_s=1.0,
-        max_backoff_s=30.0,
-        clock=clock,
-        rng=lambda: 0.0,
-    )
-    task = asyncio.create_task(elector.run())
-    try:
+    store = MemoryLeaseStore("p", clock, "memory://item4")
+    async with running(clock, store, lease, heartbeat_s=1.0) as elector:
         await clock.advance(1.5)
         assert elector.is_leader("job")
         lost = lease.lost
@@ -105,36 +107,19 @@ async def test_item4_leadership_lost_is_set_right_after_a_suspend() -> None:
         # The watchdog sleeps at most WATCH_STEP_S while leading; before the fix it slept up
         # to a heartbeat, and `is_leader` said False while `leadership_lost` was still clear.
         assert lost.is_set()
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 async def test_item4_is_leader_false_implies_leadership_lost() -> None:
     clock = FakeClock()
     lease = Lease("job", 3.0)
-    elector = Elector(
-        store=MemoryLeaseStore("p", clock, "memory://item4b"),
-        node_id="n1",
-        leases=[lease],
-        heartbeat_s=1.0,
-        max_backoff_s=30.0,
-        clock=clock,
-        rng=lambda: 0.0,
-    )
-    task = asyncio.create_task(elector.run())
-    try:
+    store = MemoryLeaseStore("p", clock, "memory://item4b")
+    async with running(clock, store, lease, heartbeat_s=1.0) as elector:
         await clock.advance(0.5)
         lost = lease.lost
         clock.suspend(60.0)
         # No task has run since the resume: the first reader of leadership ends the term.
         assert not elector.is_leader("job")
         assert lost.is_set()
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 class ForeignHeldStore(MemoryLeaseStore):
