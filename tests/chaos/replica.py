@@ -43,7 +43,7 @@ import redis
 import redis.asyncio
 from fastapi import FastAPI
 
-from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob import DropReason, JobContext, SingletonJobs
 from fastapi_singletonjob._run import JobRunner
 
 __all__ = [
@@ -461,7 +461,7 @@ class Node:
                 timeouts=stats.timeouts,
                 cancelled=stats.cancelled,
                 not_leader=stats.not_leader,
-                dropped={reason.value: count for reason, count in stats.dropped.items()},
+                dropped={reason.value: stats.dropped[reason] for reason in DropReason},
             )
 
     async def _close(self) -> None:
