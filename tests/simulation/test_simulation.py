@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.simulation, pytest.mark.timeout(300)]
 SIMULATE = os.environ.get("HYPOTHESIS_PROFILE") == "simulate"
 settings.register_profile(
     "sim-ci",
-    max_examples=400,
+    max_examples=450,
     deadline=None,
     derandomize=True,
     database=None,
