@@ -1,9 +1,14 @@
 """Fault schedules the simulation found (shrunk by Hypothesis), replayed on every run.
 
-Each one broke an invariant of the library as it stood at commit 6d00314 (before the engine
-redesign); on fixed code every invariant holds for each of them. Each also has a witness: a
-check that the schedule still drives the code path it was found on, so that a change of the
-harness or of the library's timing cannot turn it into a test that passes for nothing.
+``KNOWN``: each broke an invariant of the library as it stood at commit 6d00314 (before the
+engine redesign), or is a variant of one that drives the fix (2b: the release's record of the
+last tick; 5: a run in flight through the suspend); on fixed code every invariant holds for
+each of them. Each also has a witness: a check that the schedule still drives the code path it
+was found on, so that a change of the harness or of the library's timing cannot turn it into
+a test that passes for nothing.
+
+``KNOWN_BUGS``: schedules that still break an invariant, replayed as strict ``xfail`` tests
+(the randomized tests excuse them, see ``sim.KNOWN_BUGS``).
 """
 
 from __future__ import annotations
@@ -168,7 +173,8 @@ KNOWN_BUGS = {
     raises=AssertionError,
     reason=f"known bug {FAST_TICK_TWICE!r}: a sub-second fixed-rate tick runs twice after a "
     "handover that recorded none of the old leader's unclaimed ticks (no release, or one "
-    "refused as ahead of the store's clock) when the successor's wall clock is behind",
+    "refused as ahead of the store's clock) when the successor's wall clock is behind; "
+    "documented as a bound in docs/design.md",
 )
 @pytest.mark.parametrize("scenario", KNOWN_BUGS.values(), ids=KNOWN_BUGS.keys())
 def test_known_bug(scenario: Scenario) -> None:

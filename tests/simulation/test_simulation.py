@@ -30,9 +30,9 @@ from .sim import (
     run_scenario,
 )
 
-pytestmark = [pytest.mark.simulation, pytest.mark.timeout(300)]
-
 SIMULATE = os.environ.get("HYPOTHESIS_PROFILE") == "simulate"
+# A timeout marker overrides --timeout on the command line: none for the long runs.
+pytestmark = [pytest.mark.simulation, pytest.mark.timeout(0 if SIMULATE else 300)]
 settings.register_profile(
     "sim-ci",
     max_examples=450,
