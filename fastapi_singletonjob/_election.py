@@ -21,7 +21,8 @@ from ._clock import Clock
 from ._lease import OWNER_SEPARATOR, Lease, node_of
 from ._store import LeaseReply, LeaseRequest, LeaseStore
 from ._telemetry import Telemetry
-from ._timing import WATCH_STEP_S, leaderless_s, lease_deadline, next_attempt_delay
+from ._terms import Terms
+from ._timing import WATCH_STEP_S, lease_deadline, next_attempt_delay
 
 __all__ = ["Elector", "Lease", "lease_deadline", "next_attempt_delay", "node_of"]
 
@@ -48,8 +49,11 @@ class Elector:
         # The identity written into locks: the node id plus a per-instance nonce, so that two
         # processes configured with the same node id can never both believe they hold a lock.
         self.owner = f"{node_id}{OWNER_SEPARATOR}{secrets.token_hex(4)}"
-        self._warned_twin = False
-        self.leases = {lease.job: lease for lease in leases}
+        self._telemetry = telemetry or Telemetry(node_id)
+        self.terms = Terms(
+            leases, node_id=node_id, owner=self.owner, clock=clock, telemetry=self._telemetry
+        )
+        self.leases = self.terms.leases
         self._heartbeat_s = heartbeat_s
         self._max_backoff_s = max_backoff_s
         self._clock = clock
@@ -57,10 +61,7 @@ class Elector:
         self._wake = asyncio.Event()
         self._deadlines_moved = asyncio.Event()
         self._watching = False
-        self._telemetry = telemetry or Telemetry(node_id)
         self._notice_at: float | None = None
-        self.on_term_started: Callable[[str], None] | None = None
-        """Called with the job's name when this node starts a term (the timer listens)."""
         self.failures = 0
         self.last_error: str | None = None
         self.last_success_at: float | None = None
@@ -73,34 +74,7 @@ class Elector:
 
     def is_leader(self, job: str, token: int | None = None) -> bool:
         """True while this node's lease of ``job`` (of term ``token``, if given) is valid."""
-        lease = self.leases.get(job)
-        if lease is None or lease.token is None:
-            return False
-        if token is not None and lease.token != token:
-            return False
-        if self._clock.monotonic() < lease.deadline:
-            return True
-        # Seen expired before the watchdog woke (a suspend, a blocked loop): end the term now,
-        # so that `leadership_lost` is never behind what `is_leader` says.
-        self._expire()
-        return False
-
-    def time_left(self, job: str) -> float:
-        """Seconds left on this node's lease of ``job`` (0 when it does not lead)."""
-        lease = self.leases[job]
-        if lease.token is None:
-            return 0.0
-        return max(0.0, lease.deadline - self._clock.monotonic())
-
-    def holder_time_left(self, job: str) -> float | None:
-        """Seconds the current holder's lock of ``job`` has left, as last observed (an
-        underestimate), or None when unknown or without expiry."""
-        lease = self.leases[job]
-        if lease.token is not None:
-            return self.time_left(job)
-        if lease.holder_ttl_s is None or lease.observed_at is None:
-            return None
-        return max(0.0, lease.holder_ttl_s - (self._clock.monotonic() - lease.observed_at))
+        return self.terms.is_leader(job, token)
 
     async def claim(self, job: str, token: int, instant_us: int) -> int | None:
         """Claim ``job``'s instant for this node's term ``token`` (see ``LeaseStore.claim``);
@@ -122,7 +96,7 @@ class Elector:
     def run_started(self, job: str) -> None:
         """A run of ``job`` started: from now on the watchdog checks the deadline at least
         every ``WATCH_STEP_S``, so that a suspend cannot delay ``leadership_lost``."""
-        self.leases[job].running = True
+        self.terms.run_started(job)
         if not self._watching:
             self._deadlines_moved.set()
 
@@ -175,7 +149,7 @@ class Elector:
         # sooner than the sleep computed before it.
         while True:
             self._deadlines_moved.clear()
-            self._expire()
+            self.terms.expire()
             now = self._clock.monotonic()
             held = [x for x in self.leases.values() if x.token is not None]
             self._watching = any(x.running for x in held)
@@ -189,7 +163,7 @@ class Elector:
 
     async def round(self) -> float:
         """One acquire-or-renew round for all leases; returns the delay until the next."""
-        self._expire()
+        self.terms.expire()
         requests = [
             LeaseRequest(lease.job, lease.ttl_s, lease.value if lease.token is not None else None)
             for lease in self.leases.values()
@@ -215,7 +189,7 @@ class Elector:
         resigned = [x.job for x in self.leases.values() if not x.wanted and x.value is not None]
         if resigned:
             await self.release(resigned)
-        self._expire()
+        self.terms.expire()
         # Rounds are spaced from send to send: on a link whose round trip is a large part of a
         # heartbeat, a pause counted from the reply would space renewals by the round trip plus
         # a heartbeat, and a lease whose deadline comes before the next reply would lapse.
@@ -244,96 +218,8 @@ class Elector:
         self.last_error = None
         self.last_success_at = sent_at
         self.round_trip_s = self._clock.monotonic() - sent_at
-        for reply in replies:
-            lease = self.leases.get(reply.job)
-            if lease is None:
-                continue
-            try:
-                self._apply(lease, reply, sent_at)
-            except Exception:  # one odd reply must never stop the election of other jobs
-                logger.exception(
-                    "node %s could not apply the store's reply for job %r", self.node_id, reply.job
-                )
+        self.terms.apply(replies, sent_at, self._notice_at)
         self._deadlines_moved.set()
-
-    def _apply(self, lease: Lease, reply: LeaseReply, sent_at: float) -> None:
-        previous = (lease.observed_at, lease.holder_ttl_s)
-        lease.holder, lease.holder_token = node_of(reply.holder), reply.token
-        lease.observed_at = sent_at
-        if reply.error is not None and reply.error != lease.acquire_error:
-            logger.warning(
-                "node %s could not acquire job %r: %s", self.node_id, lease.job, reply.error
-            )
-        lease.acquire_error = reply.error
-        if reply.held:
-            self._apply_held(lease, reply, sent_at, previous)
-            return
-        twin = reply.holder != self.owner and lease.holder == self.node_id
-        if twin and not self._warned_twin:
-            self._warned_twin = True
-            logger.warning(
-                "another instance uses node id %r too; give each replica its own node_id "
-                "(the lock still elects only one of them)",
-                self.node_id,
-            )
-        lease.holder_ttl_s = reply.ttl_s
-        if lease.token is not None:
-            self._end_term(lease, f"the lock is now held by {lease.holder!r}")
-
-    def _apply_held(
-        self,
-        lease: Lease,
-        reply: LeaseReply,
-        sent_at: float,
-        previous: tuple[float | None, float | None],
-    ) -> None:
-        lease.holder_ttl_s = None
-        token = reply.token
-        if token is None or reply.value is None:
-            # A store that says "held" for a value this library did not write is broken or
-            # tampered with: never count it as a term (it has no fencing token to give).
-            logger.error(
-                "node %s: the store reported job %r as held with a foreign lock value; "
-                "not leading it",
-                self.node_id,
-                lease.job,
-            )
-            if lease.token is not None:
-                self._end_term(lease, "the lock holds a value this library did not write")
-            return
-        lease.value = reply.value
-        if not lease.wanted:
-            return  # resigned while this round was in flight: released right after it
-        if lease.token is None and token == lease.ended_token:
-            # The reply to a renewal sent before the term ended (its deadline passed while the
-            # reply was on its way): the runs were told leadership was lost, so the term stays
-            # ended. Not renewed again, the lock expires and a new term gets a new token.
-            return
-        if lease.token is not None and lease.token != token:
-            self._end_term(lease, f"the lock was re-created with token {token}")
-        lease.deadline = lease_deadline(sent_at, lease.ttl_s)
-        if lease.token is None and lease.deadline > self._clock.monotonic():
-            self._start_term(lease, token, sent_at, previous)
-
-    def _start_term(
-        self,
-        lease: Lease,
-        token: int,
-        sent_at: float,
-        previous: tuple[float | None, float | None],
-    ) -> None:
-        lease.token = token
-        lease.terms += 1
-        lease.lost_event = None  # a fresh one, when first asked for
-        logger.info(
-            "node %s became leader of job %r (fencing token %d)", self.node_id, lease.job, token
-        )
-        self._telemetry.change(lease.job, "acquired")
-        gap = leaderless_s(sent_at, *previous, lease_ttl_s=lease.ttl_s, notice_at=self._notice_at)
-        if gap is not None:
-            self._telemetry.leaderless_for(lease.job, gap)
-        if self.on_term_started is not None:
-            self.on_term_started(lease.job)
 
     def _on_failure(self, exc: BaseException) -> None:
         self.failures += 1
@@ -345,29 +231,6 @@ class Elector:
             self.failures,
             self.last_error,
         )
-
-    def _expire(self) -> None:
-        now = self._clock.monotonic()
-        for lease in self.leases.values():
-            if lease.token is not None and now >= lease.deadline:
-                self._end_term(lease, "its lease ran out before it could be renewed")
-
-    def _end_term(self, lease: Lease, why: str | None) -> None:
-        """End this node's term of ``lease``: lost (``why`` says how), or released (None)."""
-        self._telemetry.change(lease.job, "lost" if why is not None else "released")
-        if why is not None:
-            logger.warning(
-                "node %s lost leadership of job %r (fencing token %s): %s",
-                self.node_id,
-                lease.job,
-                lease.token,
-                why,
-            )
-        lease.ended_token = lease.token
-        lease.token = None
-        lease.deadline = float("-inf")
-        if lease.lost_event is not None:
-            lease.lost_event.set()
 
     def _delay(self) -> float:
         leading = any(lease.token is not None for lease in self.leases.values())
@@ -420,7 +283,7 @@ class Elector:
         for lease in self.leases.values():
             if (jobs is None or lease.job in jobs) and lease.value is not None:
                 if lease.token is not None:
-                    self._end_term(lease, None)
+                    self.terms.end(lease, None)
                 values[lease.job] = lease.value
                 if lease.last_started_us is not None:
                     last_us[lease.job] = lease.last_started_us

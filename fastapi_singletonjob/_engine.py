@@ -78,13 +78,12 @@ class Engine:
         self.clock = clock
         enabled = [spec for spec in specs if spec.enabled]
         self.telemetry = telemetry or Telemetry(settings.node_id)
-        leases = [
-            Lease(spec.name, spec.lock_expiry_s or settings.lock_expiry_s) for spec in enabled
-        ]
         self.elector = Elector(
             store=store,
             node_id=settings.node_id,
-            leases=leases,
+            leases=[
+                Lease(spec.name, spec.lock_expiry_s or settings.lock_expiry_s) for spec in enabled
+            ],
             heartbeat_s=settings.heartbeat_interval_s,
             max_backoff_s=settings.max_backoff_s,
             clock=clock,
@@ -100,14 +99,13 @@ class Engine:
         self.runners = {
             spec.name: JobRunner(
                 spec,
-                lease=lease,
                 elector=self.elector,
                 clock=clock,
                 executor=self._executor,
                 app=app,
                 telemetry=self.telemetry,
             )
-            for spec, lease in zip(enabled, leases, strict=True)
+            for spec in enabled
         }
         self.ticker = Ticker(
             self.runners.values(),
@@ -115,7 +113,7 @@ class Engine:
             retire=self._retire,
             precision_s=settings.precision_s,
         )
-        self.elector.on_term_started = self.ticker.leadership_gained
+        self.elector.terms.on_term_started = self.ticker.leadership_gained
         self._election: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()

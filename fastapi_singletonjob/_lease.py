@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Protocol
 
 __all__ = [
     "MAX_TOKEN",
     "OWNER_SEPARATOR",
     "SHOWN_VALUE_CHARS",
     "Lease",
+    "LeaseView",
     "is_lock_value",
     "lock_value",
     "node_of",
@@ -82,9 +84,30 @@ _ENDED = asyncio.Event()
 _ENDED.set()  # waited on only while set, so never bound to an event loop
 
 
+class LeaseView(Protocol):
+    """A lease as everything but the election sees it: read-only (``Terms`` writes it)."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def ttl_s(self) -> float: ...
+    @property
+    def token(self) -> int | None:
+        """Fencing token of this node's current term; None while it does not lead."""
+
+    @property
+    def holder(self) -> str | None:
+        """Node id of the lock's holder, as last observed."""
+
+    @property
+    def holder_token(self) -> int | None: ...
+    def lost_of(self, token: int) -> asyncio.Event:
+        """The "leadership lost" signal of the term ``token``."""
+
+
 @dataclass(eq=False, slots=True)
 class Lease:
-    """This node's view of one job's lock."""
+    """This node's view of one job's lock; changed only by ``Terms`` (``_terms.py``)."""
 
     job: str
     ttl_s: float
@@ -106,12 +129,12 @@ class Lease:
     lost_event: asyncio.Event | None = None
     """The current term's "leadership lost" signal, made when first asked for (``lost``)."""
     running: bool = False
-    """True while a run of the job is in flight on this node (set by the runner)."""
+    """True while a run of the job is in flight on this node (reported by the runner)."""
     ended_token: int | None = None
     """Token of the last term this node ended: a late reply renewing that term's value does
     not start it again (a term, once ended, stays ended; the lock then expires)."""
     last_started_us: int | None = None
-    """Instant (µs since the epoch) of the last run this node started (set by the runner);
+    """Instant (µs since the epoch) of the last run this node started (reported by the runner);
     recorded in the store on release, so that a successor never runs it again."""
 
     def lost_of(self, token: int) -> asyncio.Event:

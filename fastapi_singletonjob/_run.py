@@ -23,8 +23,9 @@ from typing import Any
 from ._aio import call_in_thread
 from ._clock import Clock
 from ._context import JobContext
-from ._election import Elector, Lease
+from ._election import Elector
 from ._job import JobSpec
+from ._lease import LeaseView
 from ._schedule import policy_of
 from ._state import DropReason, JobStats, Outcome, RunRecord
 from ._telemetry import NOT_LEADER, Telemetry
@@ -64,7 +65,6 @@ class JobRunner:
         self,
         spec: JobSpec,
         *,
-        lease: Lease,
         elector: Elector,
         clock: Clock,
         executor: Executor | None,
@@ -73,7 +73,7 @@ class JobRunner:
     ) -> None:
         self.spec = spec
         self.stats = JobStats()
-        self.lease = lease
+        self.lease: LeaseView = elector.terms.view(spec.name)
         self._elector = elector
         self._clock = clock
         self._executor = executor
@@ -203,10 +203,10 @@ class JobRunner:
                     self.drop(reason)
                     return
             if not self.policy.after_run:
-                self.lease.last_started_us = (ctx.scheduled_at - _EPOCH) // _ONE_US
+                self._elector.terms.instant_started(ctx.job, (ctx.scheduled_at - _EPOCH) // _ONE_US)
             await self._run(ctx)
         finally:
-            self.lease.running = False
+            self._elector.terms.run_ended(self.spec.name)
             if self.on_run_end is not None:
                 self.on_run_end(self)
 

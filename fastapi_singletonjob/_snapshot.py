@@ -67,7 +67,7 @@ def take(engine: Engine) -> EngineSnapshot:
     now = engine.clock.monotonic()
     jobs = {}
     for name, runner in engine.runners.items():
-        lease = elector.leases[name]
+        lease = elector.terms.view(name)
         leads = elector.is_leader(name)
         stats = copy.copy(runner.stats)
         stats.dropped = stats.dropped.copy()
@@ -75,7 +75,7 @@ def take(engine: Engine) -> EngineSnapshot:
             leads=leads,
             holder=engine.settings.node_id if leads else lease.holder,
             token=lease.token if leads else lease.holder_token,
-            time_left_s=elector.holder_time_left(name),
+            time_left_s=elector.terms.holder_time_left(name),
             running=runner.current is not None,
             stats=stats,
             error=runner.crashed,
