@@ -7,11 +7,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ._config import MIN_PERIOD_S, Duration, check_expiry, to_grace_s, to_seconds
 from ._dependencies import JobCall
 from ._errors import ConfigurationError
-from ._schedule import Schedule
+from ._schedule import Cron, FixedRate, Interval, Schedule
 
-__all__ = ["JobSpec", "LeadershipLostPolicy"]
+__all__ = [
+    "JobOptions",
+    "JobSpec",
+    "LeadershipLostPolicy",
+    "cron_schedule",
+    "custom_schedule",
+    "fixed_rate_schedule",
+    "interval_schedule",
+]
 
 LeadershipLostPolicy = Literal["finish", "cancel"]
 ScheduleKind = Literal["interval", "fixed_rate", "cron", "custom"]
@@ -61,4 +70,95 @@ class JobSpec:
         """Whether the function is a coroutine function (run on the loop, not in a thread)."""
         return inspect.iscoroutinefunction(self.func) or inspect.iscoroutinefunction(
             getattr(self.func, "__call__", None)  # noqa: B004 - async callable objects
+        )
+
+
+# -- definitions, validated where the user writes them -------------------------------------
+
+
+def interval_schedule(name: str, every: Duration) -> Interval:
+    """The schedule of ``jobs.interval(name, every)``."""
+    return Interval(to_seconds(every, field="every", job=name, minimum_s=MIN_PERIOD_S))
+
+
+def fixed_rate_schedule(name: str, every: Duration, offset: Duration) -> FixedRate:
+    """The schedule of ``jobs.fixed_rate(name, every, offset=...)``."""
+    every_s = to_seconds(every, field="every", job=name, minimum_s=MIN_PERIOD_S)
+    offset_s = to_seconds(offset, field="offset", job=name, allow_zero=True)
+    if offset_s >= every_s:
+        raise ConfigurationError(
+            f"offset={offset_s:g}s must be shorter than every={every_s:g}s",
+            job=name,
+            field="offset",
+        )
+    return FixedRate(every_s, offset_s)
+
+
+def cron_schedule(name: str, expression: str, timezone: str) -> Cron:
+    """The schedule of ``jobs.cron(name, expression, timezone=...)``."""
+    try:
+        return Cron(expression, timezone)
+    except ValueError as exc:
+        field = "timezone" if "timezone=" in str(exc) else "expression"
+        raise ConfigurationError(str(exc), job=name, field=field) from None
+
+
+def custom_schedule(name: str, schedule: Schedule) -> Schedule:
+    """The schedule of ``jobs.schedule(name, schedule)``: any object with ``next_fire``."""
+    if not callable(getattr(schedule, "next_fire", None)):
+        raise ConfigurationError(
+            f"schedule={schedule!r} has no next_fire(after) method; pass an object "
+            "that returns the next fire time after a given aware datetime, or None",
+            job=name,
+            field="schedule",
+        )
+    return schedule
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """The options every kind of job takes, in seconds; ``parse`` validates them."""
+
+    enabled: bool
+    on_leadership_lost: LeadershipLostPolicy
+    timeout_s: float | None
+    lock_expiry_s: float | None
+    misfire_grace_s: float | None
+
+    @classmethod
+    def parse(
+        cls,
+        name: str,
+        *,
+        enabled: bool,
+        on_leadership_lost: LeadershipLostPolicy,
+        timeout: Duration | None,
+        lock_expiry: Duration | None,
+        misfire_grace: Duration | None,
+        heartbeat_s: float,
+    ) -> JobOptions:
+        """Validate the options of job ``name`` as the user gave them (``enabled`` and
+        ``on_leadership_lost`` are checked by ``JobSpec``)."""
+        timeout_s = None if timeout is None else to_seconds(timeout, field="timeout", job=name)
+        expiry_s = None
+        if lock_expiry is not None:
+            expiry_s = to_seconds(lock_expiry, field="lock_expiry", job=name)
+            check_expiry(expiry_s, heartbeat_s, field="lock_expiry", job=name)
+        grace_s = to_grace_s(misfire_grace, name)
+        return cls(enabled, on_leadership_lost, timeout_s, expiry_s, grace_s)
+
+    def spec(
+        self, name: str, func: Callable[..., Any], schedule: Schedule, kind: ScheduleKind
+    ) -> JobSpec:
+        """The job ``name`` that runs ``func`` on ``schedule`` with these options."""
+        return JobSpec(
+            name=name,
+            func=func,
+            schedule=schedule,
+            kind=kind,
+            enabled=self.enabled,
+            timeout_s=self.timeout_s,
+            on_leadership_lost=self.on_leadership_lost,
+            lock_expiry_s=self.lock_expiry_s,
+            misfire_grace_s=self.misfire_grace_s,
         )

@@ -16,21 +16,22 @@ from redis.asyncio import Redis
 
 from ._backend import open_store
 from ._clock import SYSTEM_CLOCK, Clock
-from ._config import (
-    MIN_PERIOD_S,
-    Duration,
-    Settings,
-    check_expiry,
-    check_name,
-    to_grace_s,
-    to_seconds,
-)
+from ._config import Duration, Settings, check_name
 from ._engine import Engine
 from ._errors import ConfigurationError, JobNotFound, UsageError
-from ._job import JobSpec, LeadershipLostPolicy, ScheduleKind
+from ._job import (
+    JobOptions,
+    JobSpec,
+    LeadershipLostPolicy,
+    ScheduleKind,
+    cron_schedule,
+    custom_schedule,
+    fixed_rate_schedule,
+    interval_schedule,
+)
 from ._redact import redact_url
 from ._router import create_router
-from ._schedule import Cron, FixedRate, Interval, Schedule
+from ._schedule import Schedule
 from ._status import NodeStatus, node_status
 from ._store import LeaseStore
 from ._telemetry import Telemetry
@@ -187,15 +188,11 @@ class SingletonJobs:
         """Run the decorated function as soon as this node leads, then ``every`` after
         each run ends (run, then wait)."""
         check_name(name, field="name")
-        every_s = to_seconds(every, field="every", job=name, minimum_s=MIN_PERIOD_S)
         return self._decorator(
             name,
-            Interval(every_s),
+            interval_schedule(name, every),
             "interval",
-            enabled=enabled,
-            timeout=timeout,
-            on_leadership_lost=on_leadership_lost,
-            lock_expiry=lock_expiry,
+            self._options(name, enabled, on_leadership_lost, timeout, lock_expiry),
         )
 
     def fixed_rate(
@@ -212,22 +209,11 @@ class SingletonJobs:
         """Run the decorated function on a grid of instants ``epoch + offset + k * every``
         shared by all replicas; a tick that comes while a run is still going is dropped."""
         check_name(name, field="name")
-        every_s = to_seconds(every, field="every", job=name, minimum_s=MIN_PERIOD_S)
-        offset_s = to_seconds(offset, field="offset", job=name, allow_zero=True)
-        if offset_s >= every_s:
-            raise ConfigurationError(
-                f"offset={offset_s:g}s must be shorter than every={every_s:g}s",
-                job=name,
-                field="offset",
-            )
         return self._decorator(
             name,
-            FixedRate(every_s, offset_s),
+            fixed_rate_schedule(name, every, offset),
             "fixed_rate",
-            enabled=enabled,
-            timeout=timeout,
-            on_leadership_lost=on_leadership_lost,
-            lock_expiry=lock_expiry,
+            self._options(name, enabled, on_leadership_lost, timeout, lock_expiry),
         )
 
     def cron(
@@ -246,21 +232,11 @@ class SingletonJobs:
         with seconds last), in ``timezone``. A run may start up to ``misfire_grace`` after
         its instant (default: until the next instant)."""
         check_name(name, field="name")
-        try:
-            schedule = Cron(expression, timezone)
-        except ValueError as exc:
-            field = "timezone" if "timezone=" in str(exc) else "expression"
-            raise ConfigurationError(str(exc), job=name, field=field) from None
-        grace_s = to_grace_s(misfire_grace, name)
         return self._decorator(
             name,
-            schedule,
+            cron_schedule(name, expression, timezone),
             "cron",
-            enabled=enabled,
-            timeout=timeout,
-            on_leadership_lost=on_leadership_lost,
-            lock_expiry=lock_expiry,
-            misfire_grace_s=grace_s,
+            self._options(name, enabled, on_leadership_lost, timeout, lock_expiry, misfire_grace),
         )
 
     def schedule(
@@ -276,38 +252,23 @@ class SingletonJobs:
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of any object with a
         ``next_fire(after: datetime) -> datetime | None`` method."""
-        if not callable(getattr(schedule, "next_fire", None)):
-            raise ConfigurationError(
-                f"schedule={schedule!r} has no next_fire(after) method; pass an object "
-                "that returns the next fire time after a given aware datetime, or None",
-                job=name,
-                field="schedule",
-            )
-        grace_s = to_grace_s(misfire_grace, name)
+        check_name(name, field="name")
         return self._decorator(
             name,
-            schedule,
+            custom_schedule(name, schedule),
             "custom",
-            enabled=enabled,
-            timeout=timeout,
-            on_leadership_lost=on_leadership_lost,
-            lock_expiry=lock_expiry,
-            misfire_grace_s=grace_s,
+            self._options(name, enabled, on_leadership_lost, timeout, lock_expiry, misfire_grace),
         )
 
-    def _decorator(
+    def _options(
         self,
         name: str,
-        schedule: Schedule,
-        kind: ScheduleKind,
-        *,
         enabled: bool,
-        timeout: Duration | None,
         on_leadership_lost: LeadershipLostPolicy,
+        timeout: Duration | None,
         lock_expiry: Duration | None,
-        misfire_grace_s: float | None = None,
-    ) -> Callable[[F], F]:
-        check_name(name, field="name")
+        misfire_grace: Duration | None = None,
+    ) -> JobOptions:
         if name in self._specs:
             raise ConfigurationError(
                 "a job with this name is already registered; job names must be unique "
@@ -315,14 +276,19 @@ class SingletonJobs:
                 job=name,
                 field="name",
             )
-        timeout_s = None if timeout is None else to_seconds(timeout, field="timeout", job=name)
-        expiry_s = None
-        if lock_expiry is not None:
-            expiry_s = to_seconds(lock_expiry, field="lock_expiry", job=name)
-            check_expiry(
-                expiry_s, self.settings.heartbeat_interval_s, field="lock_expiry", job=name
-            )
+        return JobOptions.parse(
+            name,
+            enabled=enabled,
+            on_leadership_lost=on_leadership_lost,
+            timeout=timeout,
+            lock_expiry=lock_expiry,
+            misfire_grace=misfire_grace,
+            heartbeat_s=self.settings.heartbeat_interval_s,
+        )
 
+    def _decorator(
+        self, name: str, schedule: Schedule, kind: ScheduleKind, options: JobOptions
+    ) -> Callable[[F], F]:
         def register(func: F) -> F:
             if self._engine is not None:
                 raise ConfigurationError(
@@ -332,17 +298,7 @@ class SingletonJobs:
                 raise ConfigurationError(
                     "a job with this name is already registered", job=name, field="name"
                 )
-            self._specs[name] = JobSpec(
-                name=name,
-                func=func,
-                schedule=schedule,
-                kind=kind,
-                enabled=enabled,
-                timeout_s=timeout_s,
-                on_leadership_lost=on_leadership_lost,
-                lock_expiry_s=expiry_s,
-                misfire_grace_s=misfire_grace_s,
-            )
+            self._specs[name] = options.spec(name, func, schedule, kind)
             return func
 
         return register
