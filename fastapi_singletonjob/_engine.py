@@ -147,6 +147,7 @@ class Engine:
             self.telemetry.register(
                 list(self.runners), lambda: [(job, elector.is_leader(job)) for job in self.runners]
             )
+            stack.callback(self.telemetry.unregister)
             ready = asyncio.Event()
             self.started_at = self.clock.monotonic()
             election = self._election = asyncio.create_task(

@@ -23,6 +23,7 @@ instrument                                 kind       unit     attributes
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -75,26 +76,15 @@ SECONDS_BUCKETS = (
 SDK's default boundaries are meant for milliseconds)."""
 
 
-class Telemetry:
-    """The instruments of one ``SingletonJobs``; providers default to the global ones."""
+class _Instruments:
+    """The instruments of one meter provider, shared by every ``Telemetry`` that uses it.
 
-    def __init__(
-        self,
-        node_id: str,
-        *,
-        tracer_provider: trace.TracerProvider | None = None,
-        meter_provider: metrics.MeterProvider | None = None,
-    ) -> None:
+    Made once for the global provider: its stand-in keeps every meter ever asked of it, so a
+    set per ``SingletonJobs`` would pile up in a process that makes many (a test suite)."""
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None) -> None:
         from . import __version__
 
-        self._node_id = node_id
-        self._explicit_traces = tracer_provider is not None
-        self._explicit_metrics = meter_provider is not None
-        self.tracing = True
-        """Whether spans go anywhere (decided at ``register``, when the engine starts)."""
-        self.metering = True
-        """Whether metrics go anywhere (decided at ``register``)."""
-        self._tracer = trace.get_tracer(INSTRUMENTATION, __version__, tracer_provider)
         meter = metrics.get_meter(INSTRUMENTATION, __version__, meter_provider)
         self.runs = meter.create_counter(
             "singletonjob.runs", unit="{run}", description="Runs finished, by outcome."
@@ -139,7 +129,8 @@ class Telemetry:
             unit="{round}",
             description="Election rounds that failed, by error type.",
         )
-        self._leading: Callable[[], Iterable[tuple[str, bool]]] = lambda: ()
+        self.sources: weakref.WeakSet[Telemetry] = weakref.WeakSet()
+        """The ``Telemetry`` objects whose leadership the gauge reports."""
         meter.create_observable_gauge(
             "singletonjob.leader",
             callbacks=[self._observe_leaders],
@@ -147,12 +138,70 @@ class Telemetry:
             description="1 while this node leads the job, else 0.",
         )
 
+    def _observe_leaders(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(int(leads), {ATTR_JOB: job})
+            for source in list(self.sources)
+            for job, leads in source.leading()
+        ]
+
+
+_global_instruments: _Instruments | None = None
+
+
+def _instruments(meter_provider: metrics.MeterProvider | None) -> _Instruments:
+    global _global_instruments
+    if meter_provider is not None:
+        return _Instruments(meter_provider)
+    if _global_instruments is None:
+        _global_instruments = _Instruments(None)
+    return _global_instruments
+
+
+def _nobody_leads() -> Iterable[tuple[str, bool]]:
+    return ()
+
+
+class Telemetry:
+    """The instruments of one ``SingletonJobs``; providers default to the global ones."""
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        from . import __version__
+
+        self._node_id = node_id
+        self._explicit_traces = tracer_provider is not None
+        self._explicit_metrics = meter_provider is not None
+        self.tracing = True
+        """Whether spans go anywhere (decided at ``register``, when the engine starts)."""
+        self.metering = True
+        """Whether metrics go anywhere (decided at ``register``)."""
+        self._tracer = trace.get_tracer(INSTRUMENTATION, __version__, tracer_provider)
+        instruments = _instruments(meter_provider)
+        self._sources = instruments.sources
+        self.runs = instruments.runs
+        self.run_duration = instruments.run_duration
+        self.lateness = instruments.lateness
+        self.dropped = instruments.dropped
+        self.changes = instruments.changes
+        self.leaderless = instruments.leaderless
+        self.election_duration = instruments.election_duration
+        self.election_failures = instruments.election_failures
+        self.leading: Callable[[], Iterable[tuple[str, bool]]] = _nobody_leads
+        """(job, leads) of every job of the running engine, for the leader gauge."""
+
     def register(
         self, jobs: Sequence[str], leading: Callable[[], Iterable[tuple[str, bool]]]
     ) -> None:
         """Start every per-job series at zero, so that dashboards show zeros, not gaps."""
         self._detect()
-        self._leading = leading
+        self.leading = leading
+        self._sources.add(self)
         if not self.metering:
             return
         for job in jobs:
@@ -163,8 +212,10 @@ class Telemetry:
             for change in CHANGES:
                 self.changes.add(0, {ATTR_JOB: job, ATTR_CHANGE: change})
 
-    def _observe_leaders(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(int(leads), {ATTR_JOB: job}) for job, leads in self._leading()]
+    def unregister(self) -> None:
+        """The engine stopped: the leader gauge no longer reports (nor holds) it."""
+        self._sources.discard(self)
+        self.leading = _nobody_leads
 
     # -- runs -------------------------------------------------------------------------------
 

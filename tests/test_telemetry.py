@@ -286,3 +286,33 @@ async def test_long_runs_are_warned_about_once_with_the_fix(
     assert len(messages) == 2, messages
     assert "290% of its period every=1s" in messages[0] and "lengthen `every`" in messages[0]
     assert "lock_expiry=3s" in messages[1] and "raise lock_expiry" in messages[1]
+
+
+async def test_a_stopped_engine_is_not_held_by_the_global_meter_provider() -> None:
+    """Without providers, instruments come from OpenTelemetry's global stand-in, which keeps
+    every meter asked of it for the life of the process: neither the engines nor a set of
+    instruments per SingletonJobs may pile up there."""
+    import gc
+    import weakref
+
+    from opentelemetry import metrics
+
+    def meters() -> int:
+        return len(getattr(metrics.get_meter_provider(), "_meters", ()))
+
+    engines: list[weakref.ref[object]] = []
+    before = None
+    for round_ in range(3):
+        jobs = SingletonJobs("memory://", project=f"leak-{round_}", clock=FakeClock(START))
+
+        @jobs.interval("job", every=1)
+        async def job() -> None:
+            pass
+
+        async with jobs:
+            assert jobs.engine is not None
+            engines.append(weakref.ref(jobs.engine))
+        before = meters() if before is None else before
+    gc.collect()
+    assert [ref() for ref in engines] == [None, None, None]
+    assert meters() == before
