@@ -8,6 +8,7 @@ where it is included::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException, Response, status
@@ -60,29 +61,49 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
             job=snapshot.jobs[0],
         )
 
-    @router.get(
+    _add_probe(
+        router,
         "/health",
-        response_model=HealthStatus,
-        summary="Readiness probe",
-        responses=_UNAVAILABLE,
+        "Readiness probe",
+        "200 when the election loop runs and reached Redis within one lock expiry, else 503 "
+        "with the reason. Followers are ready too.",
+        lambda: readiness(jobs),
+        jobs,
     )
-    async def ready(response: Response) -> HealthStatus:
-        """200 when the election loop runs and reached Redis within one lock expiry, else
-        503 with the reason. Followers are ready too."""
-        return _probe(response, readiness(jobs), jobs.node_id)
-
-    @router.get(
+    _add_probe(
+        router,
         "/health/live",
+        "Liveness probe",
+        "503 only when a loop of the library is dead or wedged (restarting would help); an "
+        "unreachable Redis does not fail it.",
+        lambda: liveness(jobs),
+        jobs,
+    )
+    return router
+
+
+def _add_probe(
+    router: APIRouter,
+    path: str,
+    summary: str,
+    description: str,
+    check: Callable[[], str | None],
+    jobs: SingletonJobs,
+) -> None:
+    """Add a probe at ``path``: 200, or 503 with the reason ``check`` gives."""
+
+    async def probe(response: Response) -> HealthStatus:
+        return _probe(response, check(), jobs.node_id)
+
+    router.add_api_route(
+        path,
+        probe,
+        methods=["GET"],
         response_model=HealthStatus,
-        summary="Liveness probe",
+        summary=summary,
+        description=description,
         responses=_UNAVAILABLE,
     )
-    async def live(response: Response) -> HealthStatus:
-        """503 only when a loop of the library is dead or wedged (restarting would help);
-        an unreachable Redis does not fail it."""
-        return _probe(response, liveness(jobs), jobs.node_id)
-
-    return router
 
 
 def _probe(response: Response, reason: str | None, node_id: str) -> HealthStatus:

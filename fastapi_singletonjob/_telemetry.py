@@ -89,17 +89,11 @@ class _Instruments:
         self.runs = meter.create_counter(
             "singletonjob.runs", unit="{run}", description="Runs finished, by outcome."
         )
-        self.run_duration = meter.create_histogram(
-            "singletonjob.run.duration",
-            unit="s",
-            description="How long runs took.",
-            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
-        )
-        self.lateness = meter.create_histogram(
+        self.run_duration = _seconds(meter, "singletonjob.run.duration", "How long runs took.")
+        self.lateness = _seconds(
+            meter,
             "singletonjob.tick.lateness",
-            unit="s",
-            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
-            description="Start of a run minus the instant it was scheduled for.",
+            "Start of a run minus the instant it was scheduled for.",
         )
         self.dropped = meter.create_counter(
             "singletonjob.ticks.dropped",
@@ -111,18 +105,16 @@ class _Instruments:
             unit="{change}",
             description="Leadership terms this node acquired, lost or released.",
         )
-        self.leaderless = meter.create_histogram(
+        self.leaderless = _seconds(
+            meter,
             "singletonjob.leaderless.duration",
-            unit="s",
-            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
-            description="Time a job had no live leader before this node took it over "
-            "(estimated by the new leader).",
+            "Time a job had no live leader before this node took it over (estimated by the "
+            "new leader).",
         )
-        self.election_duration = meter.create_histogram(
+        self.election_duration = _seconds(
+            meter,
             "singletonjob.election.duration",
-            unit="s",
-            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
-            description="Round-trip time of one election round (all jobs of the node).",
+            "Round-trip time of one election round (all jobs of the node).",
         )
         self.election_failures = meter.create_counter(
             "singletonjob.election.failures",
@@ -144,6 +136,13 @@ class _Instruments:
             for source in list(self.sources)
             for job, leads in source.leading()
         ]
+
+
+def _seconds(meter: metrics.Meter, name: str, description: str) -> metrics.Histogram:
+    """A histogram of durations in seconds, with buckets from 0.5 ms to five minutes."""
+    return meter.create_histogram(
+        name, unit="s", description=description, explicit_bucket_boundaries_advisory=SECONDS_BUCKETS
+    )
 
 
 _global_instruments: _Instruments | None = None
