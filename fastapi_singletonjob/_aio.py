@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ._clock import Clock, SystemClock
 
@@ -20,11 +20,13 @@ __all__ = [
     "call_in_thread",
     "cancel_and_wait",
     "listen_for_releases",
-    "sleep_or_event",
     "wait_all",
+    "within",
 ]
 
 logger = logging.getLogger("fastapi_singletonjob")
+
+T = TypeVar("T")
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -77,23 +79,6 @@ class Alarm:
             self._rung = True
 
 
-async def sleep_or_event(clock: Clock, seconds: float, event: asyncio.Event) -> bool:
-    """Sleep ``seconds`` on ``clock`` or until ``event`` is set; True if the event woke us.
-
-    The event is not cleared: the caller decides what it means.
-    """
-    if event.is_set():
-        return True
-    sleeper = asyncio.ensure_future(clock.sleep(seconds))
-    waker = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        sleeper.cancel()
-        waker.cancel()
-    return event.is_set()
-
-
 async def wait_all(
     tasks: Collection[asyncio.Future[None]], timeout_s: float, clock: Clock, *, first: bool = False
 ) -> set[asyncio.Future[None]]:
@@ -113,6 +98,24 @@ async def wait_all(
     finally:
         timer.cancel()
     return pending
+
+
+async def within(call: Awaitable[T], timeout_s: float) -> T:
+    """Await ``call`` for at most ``timeout_s`` seconds (``TimeoutError`` after that), like
+    ``asyncio.wait_for``, but a cancel of the caller is never swallowed: on Python < 3.12,
+    ``wait_for`` can return the result of a call that completes just as the caller is
+    cancelled, and a task being shut down would go on."""
+    task = asyncio.ensure_future(call)
+    try:
+        await asyncio.wait({task}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})
+        raise asyncio.TimeoutError
+    return task.result()
 
 
 async def cancel_and_wait(task: asyncio.Task[None]) -> None:

@@ -15,14 +15,18 @@ import logging
 import random
 import secrets
 from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
 
-from ._aio import listen_for_releases, sleep_or_event
+from ._aio import Alarm, listen_for_releases, within
 from ._clock import Clock
 from ._lease import OWNER_SEPARATOR, Lease, node_of
 from ._store import LeaseReply, LeaseRequest, LeaseStore
 from ._telemetry import Telemetry
 from ._terms import Terms
 from ._timing import WATCH_STEP_S, lease_deadline, next_attempt_delay
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_ONE_US = timedelta(microseconds=1)
 
 __all__ = ["Elector", "Lease", "lease_deadline", "next_attempt_delay", "node_of"]
 
@@ -58,8 +62,10 @@ class Elector:
         self._max_backoff_s = max_backoff_s
         self._clock = clock
         self._rng = rng
-        self._wake = asyncio.Event()
-        self._deadlines_moved = asyncio.Event()
+        self._wake = Alarm(clock)
+        """Rung when a node released locks: run a round now."""
+        self._deadlines_moved = Alarm(clock)
+        """Rung when a deadline moved or a run started: the watchdog recomputes its sleep."""
         self._watching = False
         self._notice_at: float | None = None
         self.failures = 0
@@ -86,7 +92,7 @@ class Elector:
         try:
             # Bounded by the lease alone: claims that fire together queue for a connection,
             # and a claim retried after a lost reply is recognised as this term's own.
-            return await asyncio.wait_for(self._store.claim(job, lease.value, instant_us), left)
+            return await within(self._store.claim(job, lease.value, instant_us), left)
         except Exception as exc:
             logger.warning(
                 "node %s could not claim an instant of job %r: %r", self.node_id, job, exc
@@ -98,12 +104,12 @@ class Elector:
         every ``WATCH_STEP_S``, so that a suspend cannot delay ``leadership_lost``."""
         self.terms.run_started(job)
         if not self._watching:
-            self._deadlines_moved.set()
+            self._deadlines_moved.ring()
 
     def wake(self) -> None:
         """Run a round now (a lock was released somewhere)."""
         self._notice_at = self._clock.monotonic()
-        self._wake.set()
+        self._wake.ring()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -148,7 +154,6 @@ class Elector:
         # Woken whenever a deadline moves: a term that starts from a slow reply has a deadline
         # sooner than the sleep computed before it.
         while True:
-            self._deadlines_moved.clear()
             self.terms.expire()
             now = self._clock.monotonic()
             held = [x for x in self.leases.values() if x.token is not None]
@@ -159,7 +164,7 @@ class Elector:
                     *(x.deadline - now for x in held),
                 ]
             )
-            await sleep_or_event(self._clock, max(step, 0.0), self._deadlines_moved)
+            await self._deadlines_moved.wait(max(step, 0.0))
 
     async def round(self) -> float:
         """One acquire-or-renew round for all leases; returns the delay until the next."""
@@ -172,11 +177,11 @@ class Elector:
         sent_at = self._clock.monotonic()
         try:
             if requests:
-                replies = await asyncio.wait_for(
+                replies = await within(
                     self._store.elect(self.owner, requests), self._call_timeout(sent_at)
                 )
             else:  # no job to elect: still find out whether the store answers
-                await asyncio.wait_for(self._store.ping(), self._call_timeout(sent_at))
+                await within(self._store.ping(), self._call_timeout(sent_at))
                 replies = []
         except Exception as exc:  # any failure of the store is retried with backoff
             self._telemetry.election_round(self._clock.monotonic() - sent_at, exc)
@@ -219,7 +224,7 @@ class Elector:
         self.last_success_at = sent_at
         self.round_trip_s = self._clock.monotonic() - sent_at
         self.terms.apply(replies, sent_at, self._notice_at)
-        self._deadlines_moved.set()
+        self._deadlines_moved.ring()
 
     def _on_failure(self, exc: BaseException) -> None:
         self.failures += 1
@@ -260,8 +265,7 @@ class Elector:
 
     async def _pause(self, delay: float) -> None:
         # Wake early for a release notice; terms end at their deadlines in _watch_deadlines.
-        await sleep_or_event(self._clock, delay, self._wake)
-        self._wake.clear()
+        await self._wake.wait(delay)
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -285,14 +289,12 @@ class Elector:
                 if lease.token is not None:
                     self.terms.end(lease, None)
                 values[lease.job] = lease.value
-                if lease.last_started_us is not None:
-                    last_us[lease.job] = lease.last_started_us
+                if lease.last_started is not None:
+                    last_us[lease.job] = (lease.last_started - _EPOCH) // _ONE_US
         if not values:
             return 0
         try:
-            released = await asyncio.wait_for(
-                self._store.release(self.owner, values, last_us), timeout_s
-            )
+            released = await within(self._store.release(self.owner, values, last_us), timeout_s)
         except Exception as exc:
             logger.warning(
                 "node %s could not release its locks (%s); they expire on their own: %r",

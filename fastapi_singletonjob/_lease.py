@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 __all__ = [
@@ -133,8 +134,8 @@ class Lease:
     ended_token: int | None = None
     """Token of the last term this node ended: a late reply renewing that term's value does
     not start it again (a term, once ended, stays ended; the lock then expires)."""
-    last_started_us: int | None = None
-    """Instant (µs since the epoch) of the last run this node started (reported by the runner);
+    last_started: datetime | None = None
+    """Instant of the last run this node started (reported by the runner);
     recorded in the store on release, so that a successor never runs it again."""
 
     def lost_of(self, token: int) -> asyncio.Event:

@@ -15,7 +15,7 @@ import contextvars
 import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -49,6 +49,8 @@ class JobRunner:
         "_elector",
         "_executor",
         "_is_async",
+        "_task_name",
+        "_unwatched",
         "_iteration",
         "_telemetry",
         "_warned",
@@ -83,6 +85,8 @@ class JobRunner:
         """Which long-run warnings were given (once per job and kind)."""
         self.policy = policy_of(spec.schedule)
         self._is_async = spec.is_async
+        self._unwatched = spec.timeout_s is None and spec.on_leadership_lost == "finish"
+        self._task_name = f"singletonjob run {spec.name!r}"
         self._claimed_term: int | None = None
         """The last term whose first instant was claimed (schedules that claim only that)."""
         self._iteration = 0
@@ -141,12 +145,11 @@ class JobRunner:
             _lost=functools.partial(self.lease.lost_of, token),
         )
         self.stats.running_since = ctx.started_at
+        self.current = run = asyncio.create_task(self._supervise(ctx, claim), name=self._task_name)
+        # After the task: its first step (up to the job's first await) then comes before the
+        # deadline watchdog that this wakes.
         self._elector.run_started(self.spec.name)
-        self.current = asyncio.create_task(
-            self._supervise(ctx, claim),
-            name=f"singletonjob run {self.spec.name!r}",
-        )
-        return self.current
+        return run
 
     async def _claim(self, ctx: JobContext) -> DropReason | None:
         """Claim the run's instant in the store, so that no instant runs twice across leaders
@@ -203,7 +206,7 @@ class JobRunner:
                     self.drop(reason)
                     return
             if not self.policy.after_run:
-                self._elector.terms.instant_started(ctx.job, (ctx.scheduled_at - _EPOCH) // _ONE_US)
+                self._elector.terms.instant_started(ctx.job, ctx.scheduled_at)
             await self._run(ctx)
         finally:
             self._elector.terms.run_ended(self.spec.name)
@@ -217,7 +220,10 @@ class JobRunner:
         with self._telemetry.run_span(ctx) as span:
             ran = True
             try:
-                outcome, error = await self._watch(ctx)
+                if self._unwatched:  # nothing to watch: no task besides the run's own
+                    outcome, error = await self._outcome(ctx, self._invoke(ctx))
+                else:
+                    outcome, error = await self._watch(ctx)
             except _NotStarted:
                 ran = False
                 span.set_attribute("singletonjob.outcome", DropReason.LEASE_EXPIRED.value)
@@ -300,9 +306,6 @@ class JobRunner:
     async def _watch(self, ctx: JobContext) -> tuple[Outcome, BaseException | None]:
         """Run the job, cancelling it at its timeout or, if so configured, when the lease
         ends; return how it ended."""
-        if self.spec.timeout_s is None and self.spec.on_leadership_lost == "finish":
-            # Nothing to watch: run in this task, saving a task per run on the tick path.
-            return await self._outcome(ctx, self._invoke(ctx))
         run = asyncio.ensure_future(self._invoke(ctx))
         watchers: dict[asyncio.Future[Any], Outcome] = {}
         if self.spec.timeout_s is not None:
@@ -344,13 +347,15 @@ class JobRunner:
                 ctx.node_id,
             )
 
-    async def _invoke(self, ctx: JobContext) -> None:
+    def _invoke(self, ctx: JobContext) -> Coroutine[Any, Any, None]:
         call = self.spec.call
         if call.trivial:  # no dependency to resolve or close: no exit stack on the tick path
-            await self._call(ctx, call.context_arguments(ctx))
-            return
+            return self._call(ctx, call.context_arguments(ctx))
+        return self._invoke_with_dependencies(ctx)
+
+    async def _invoke_with_dependencies(self, ctx: JobContext) -> None:
         async with contextlib.AsyncExitStack() as stack:  # closes `yield` dependencies
-            await self._call(ctx, await call.arguments(ctx, self._app, stack))
+            await self._call(ctx, await self.spec.call.arguments(ctx, self._app, stack))
 
     async def _call(self, ctx: JobContext, kwargs: dict[str, Any]) -> None:
         # Last check, with no suspension point between it and the job's first instruction.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from ._clock import Clock
 from ._lease import Lease, LeaseView, node_of
@@ -90,10 +91,10 @@ class Terms:
         """A run of ``job`` is in flight (the deadline watchdog then checks more often)."""
         self.leases[job].running = True
 
-    def instant_started(self, job: str, instant_us: int) -> None:
-        """A run for ``instant_us`` (µs since the epoch) started: recorded on release, so that
-        a successor never runs it again."""
-        self.leases[job].last_started_us = instant_us
+    def instant_started(self, job: str, instant: datetime) -> None:
+        """A run for ``instant`` started: recorded on release, so that a successor never runs
+        it again."""
+        self.leases[job].last_started = instant
 
     def run_ended(self, job: str) -> None:
         """The run of ``job`` in flight has ended."""

@@ -40,7 +40,7 @@ _BATCH = 64
 class _Slot:
     """One job's place in the timer: its next instant and what to do when it comes."""
 
-    __slots__ = ("armed", "due", "missed", "previous", "runner", "waiting")
+    __slots__ = ("armed", "due", "following", "missed", "previous", "runner", "waiting")
 
     def __init__(self, runner: JobRunner, now: datetime) -> None:
         self.runner = runner
@@ -48,6 +48,9 @@ class _Slot:
         """The instant the next one is computed from (wall-clock schedules)."""
         self.due: datetime | None = None
         """The next wall-clock instant (None for an ``Interval`` job)."""
+        self.following: datetime | None = None
+        """The instant after ``due``, computed when ``due`` is armed: no schedule math
+        between an instant coming and its run starting."""
         self.armed = 0
         """Generation of the slot's live heap entry; older entries are ignored."""
         self.missed: datetime | None = None
@@ -73,6 +76,8 @@ class Ticker:
         self._heap: list[tuple[float, int, int, _Slot]] = []
         self._order = itertools.count()
         self._alarm = Alarm(clock)
+        self._fired: list[tuple[_Slot, datetime | None]] = []
+        """Slots fired since the last yield, to arm once their runs have begun."""
         now = clock.now()
         self._slots = {runner.spec.name: _Slot(runner, now) for runner in runners}
         for slot in self._slots.values():
@@ -133,14 +138,27 @@ class Ticker:
                 await asyncio.sleep(0)
                 continue
             heapq.heappop(self._heap)
-            if armed == slot.armed:
-                self._fire(slot)
-                fired += 1
-                if fired % _BATCH == 0:
-                    # Let the runs just started begin (and short ones end) before starting
-                    # more: a burst of a thousand jobs on one instant never holds a thousand
-                    # tasks at once, and the loop's other work is not held up behind it.
-                    await asyncio.sleep(0)
+            if armed != slot.armed:
+                continue
+            self._fire(slot)
+            fired += 1
+            if fired % _BATCH == 0 or not self._more_due():
+                # Let the runs just started begin (and short ones end) before the schedule
+                # math of their next instants, and before starting more: a burst of a
+                # thousand jobs on one instant never holds a thousand tasks at once, and the
+                # loop's other work is not held up behind it.
+                await asyncio.sleep(0)
+                self._arm_next()
+
+    def _more_due(self) -> bool:
+        return bool(self._heap) and self._heap[0][0] <= self._clock.monotonic()
+
+    def _arm_next(self) -> None:
+        """Arm the next instant of each job whose run ``_fire`` just started."""
+        fired, self._fired = self._fired, []
+        now = self._clock.now()
+        for slot, following in fired:
+            self._due(slot, following, now)
 
     def _arm(self, slot: _Slot, delay_s: float) -> None:
         slot.armed += 1
@@ -163,8 +181,8 @@ class Ticker:
             self._arm_instant(slot, due, now)
             return
         grace_s = runner.spec.misfire_grace_s
+        following = slot.following
         try:
-            following = _next_fire(runner, due)
             if following is not None and following <= now:
                 count = count_instants(runner.spec.schedule, due, now, _MAX_COUNTED_TICKS)
                 runner.drop(DropReason.LATE, count)
@@ -181,7 +199,7 @@ class Ticker:
             self._crash(slot, exc)
             return
         slot.previous = due
-        self._due(slot, following, now)
+        self._fired.append((slot, following))
 
     def _fire_interval(self, slot: _Slot) -> None:
         runner = slot.runner
@@ -210,6 +228,11 @@ class Ticker:
             logger.info("job %r has no more fire times on node %s", runner.spec.name, runner.node)
             self._retire(runner)
             return
+        try:
+            slot.following = _next_fire(runner, due)
+        except Exception as exc:
+            self._crash(slot, exc)
+            return
         self._arm_instant(slot, due, now)
 
     def _arm_instant(self, slot: _Slot, due: datetime, now: datetime) -> None:
@@ -231,6 +254,7 @@ class Ticker:
     def stop_waiting(self) -> None:
         """Forget every pending instant (shutdown): nothing starts after this."""
         self._heap.clear()
+        self._fired.clear()
         for slot in self._slots.values():
             slot.armed += 1
             slot.waiting = False
