@@ -1,4 +1,12 @@
-"""Every ```python block of README.md and docs/*.md runs.
+"""Every ```python block of README.md and docs/*.md runs as written, or says in visible text
+that it is a fragment.
+
+A block that runs as written needs nothing the reader cannot see: it is executed alone. A
+fragment (a few lines that use the app's ``jobs``, or stand-ins for the reader's own code) is
+executed with the hidden preludes its HTML comment names (below), and must say so to the
+reader: the paragraph right before it starts with ``*Fragment:*`` and says what it leans on,
+for example ``*Fragment:* `jobs` is the app's `SingletonJobs`.`` A block that needs hidden
+code without that paragraph fails, and so does an unmarked block that does not run.
 
 Each block is executed as a module of its own (a fresh namespace, registered in sys.modules
 while it runs, as dataclasses and pydantic expect), then:
@@ -17,11 +25,12 @@ An HTML comment on the lines right before a block changes how it runs:
 
 - ``<!-- sample: setup NAME ... -->``: run the named preludes of ``SETUPS`` first (the names a
   fragment takes from the text around it: ``jobs``, stand-ins for the reader's own code...);
+  only for a block marked ``*Fragment:*``;
 - ``<!-- sample: continue -->``: run the previous block of the page first, in the same module
-  (a fragment that goes on with the code above it);
+  (a fragment that goes on with the code above it); only for a block marked ``*Fragment:*``;
 - ``<!-- sample: raises ExceptionName -->``: the block must raise that exception;
 - ``<!-- sample: errors-expected -->``: its jobs fail on purpose (an example of a failure);
-- ``<!-- sample: skip REASON -->``: not run (keep these rare, with a reason).
+- ``<!-- sample: skip REASON -->``: compiled, not run (keep these rare, with a reason).
 """
 
 from __future__ import annotations
@@ -57,6 +66,10 @@ FENCE = re.compile(
     r"^(?P<indent>[ ]*)```python[^\n]*\n(?P<code>.*?)^(?P=indent)```[ ]*$", re.S | re.M
 )
 MARKER = re.compile(r"^\s*<!--\s*sample:\s*(?P<kind>[\w-]+)\s*(?P<arg>.*?)\s*-->\s*$")
+FRAGMENT = re.compile(r"^\*Fragment:\*\s+(?P<says>\S.*)$")
+"""The visible mark of a fragment: the paragraph right before the block starts with it."""
+OTHER_PYTHON_FENCE = re.compile(r"^[ ]*```[ ]*(?:py|py3|python3|pycon|ipython)\b", re.M)
+"""Python fenced under another name, which this test would not see."""
 
 STAND_INS = """
 import contextlib
@@ -147,6 +160,15 @@ class AuditLog:
 
 async def index_batch(batch: int, *, fencing_token: int) -> None:
     pass
+
+
+class Feed:
+    async def export_after(self, cursor: object) -> int:
+        return 0 if cursor is None else int(str(cursor)) + 1
+
+
+def get_feed() -> Feed:
+    return Feed()
 """
 
 SETUPS = {
@@ -202,10 +224,47 @@ class Sample:
     errors_expected: bool = False
     continues: Sample | None = None
     """The block this one goes on from (``continue``)."""
+    fragment: str | None = None
+    """What the visible ``*Fragment:*`` paragraph before the block says; None without one."""
 
     @property
     def id(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        return f"{shown_path(self.path)}:{self.line}"
+
+    @property
+    def hidden_code(self) -> list[str]:
+        """What runs before the block that the reader does not see next to it."""
+        return [f"setup {name}" for name in self.setups] + (
+            ["the block above (continue)"] if self.continues else []
+        )
+
+
+def shown_path(path: Path) -> str:
+    """A page's path as tracebacks and test ids show it: relative to the repository."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
+def paragraph_before(lines: list[str]) -> str:
+    """The paragraph that ends with the last of ``lines``, joined into one line ('' when
+    the lines end with something else, such as a code fence)."""
+    paragraph: list[str] = []
+    for line in reversed(lines):
+        if not line.strip() or line.strip().startswith("```"):
+            break
+        paragraph.insert(0, line.strip())
+    return " ".join(paragraph)
+
+
+def unmarked(sample: Sample) -> str | None:
+    """Why ``sample`` breaks the rule: it needs hidden code but does not say it is a
+    fragment (None when it keeps the rule)."""
+    if not sample.hidden_code or sample.fragment is not None:
+        return None
+    return (
+        f"{sample.id}: the block runs only with code the reader cannot see next to it "
+        f"({', '.join(sample.hidden_code)}); make it run as written, or start the paragraph "
+        "right before it with '*Fragment:*' and say what it leans on"
+    )
 
 
 def extract(path: Path) -> Iterator[Sample]:
@@ -237,6 +296,8 @@ def extract(path: Path) -> Iterator[Sample]:
                 sample.continues = previous
             else:
                 raise AssertionError(f"{sample.id}: unknown marker {kind!r}")
+        visible = FRAGMENT.match(paragraph_before(before))
+        sample.fragment = visible["says"] if visible else None
         yield sample
         previous = sample
 
@@ -248,6 +309,21 @@ def test_samples_are_found() -> None:
     assert len(SAMPLES) >= 20
     skipped = [s.id for s in SAMPLES if s.skip]
     assert len(skipped) <= 3, f"too many skipped samples: {skipped}"
+
+
+def test_every_block_runs_as_written_or_says_it_is_a_fragment() -> None:
+    problems = [problem for sample in SAMPLES if (problem := unmarked(sample))]
+    assert not problems, "\n".join(problems)
+
+
+def test_python_blocks_are_fenced_as_python() -> None:
+    for path in FILES:
+        text = path.read_text(encoding="utf-8")
+        for match in OTHER_PYTHON_FENCE.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            raise AssertionError(
+                f"{shown_path(path)}:{line}: fence Python as ```python, which this test runs"
+            )
 
 
 @contextlib.contextmanager
@@ -295,6 +371,39 @@ async def run_briefly(namespace: dict[str, object]) -> None:
                 await asyncio.sleep(LIFESPAN_RUN_S)
 
 
+def compiled(block: Sample, redis_url: str) -> types.CodeType:
+    """The block's code, pointed at the test's Redis."""
+    # Padded to where the block starts, so that tracebacks show the file's lines;
+    # dont_inherit: not this file's `from __future__ import annotations`.
+    code = "\n" * block.line + LOCAL_REDIS.sub(redis_url, block.code)
+    return compile(code, shown_path(block.path), "exec", dont_inherit=True)
+
+
+async def run_sample(sample: Sample, redis_url: str) -> None:
+    """Execute ``sample`` (after the blocks it continues and the preludes it names), then run
+    briefly what it defines: its tests, its apps, its ``SingletonJobs``."""
+    chain = [sample]
+    while chain[0].continues is not None:
+        chain.insert(0, chain[0].continues)
+    name = "docs_sample_" + re.sub(r"\W", "_", sample.id)
+    with environment(), module(name) as mod:
+        for block in chain:
+            prelude = LOCAL_REDIS.sub(redis_url, "\n".join(SETUPS[s] for s in block.setups))
+            exec(compile(prelude, "<setup>", "exec", dont_inherit=True), mod.__dict__)
+            if block is sample and sample.raises:
+                with pytest.raises(Exception) as raised:
+                    exec(compiled(block, redis_url), mod.__dict__)
+                assert type(raised.value).__name__ == sample.raises, raised.value
+                return
+            exec(compiled(block, redis_url), mod.__dict__)
+        try:
+            await run_briefly(mod.__dict__)
+        finally:
+            for value in mod.__dict__.values():
+                if isinstance(value, sqlite3.Connection):
+                    value.close()  # what a sample opened at module level
+
+
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: s.id)
 async def test_sample_runs(
     sample: Sample,
@@ -303,44 +412,96 @@ async def test_sample_runs(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    problem = unmarked(sample)
+    assert problem is None, problem
     if sample.skip:
+        compiled(sample, redis_url)  # at least it parses
         pytest.skip(sample.skip)
     for name in list(os.environ):
         if name.startswith("SINGLETONJOB_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("SINGLETONJOB_REDIS_URL", redis_url)
     monkeypatch.chdir(tmp_path)
-    chain = [sample]
-    while chain[0].continues is not None:
-        chain.insert(0, chain[0].continues)
-    name = "docs_sample_" + re.sub(r"\W", "_", sample.id)
     caplog.set_level(logging.WARNING, logger="fastapi_singletonjob")
-    with environment(), module(name) as mod:
-        for block in chain:
-            prelude = LOCAL_REDIS.sub(redis_url, "\n".join(SETUPS[s] for s in block.setups))
-            # dont_inherit: not this file's `from __future__ import annotations`
-            exec(compile(prelude, "<setup>", "exec", dont_inherit=True), mod.__dict__)
-            # Padded to where the block starts, so that tracebacks show the file's lines.
-            code = "\n" * block.line + LOCAL_REDIS.sub(redis_url, block.code)
-            compiled = compile(code, str(block.path.relative_to(ROOT)), "exec", dont_inherit=True)
-            if block is sample and sample.raises:
-                with pytest.raises(Exception) as raised:
-                    exec(compiled, mod.__dict__)
-                assert type(raised.value).__name__ == sample.raises, raised.value
-                return
-            exec(compiled, mod.__dict__)
-        try:
-            await run_briefly(mod.__dict__)
-        finally:
-            for value in mod.__dict__.values():
-                if isinstance(value, sqlite3.Connection):
-                    value.close()  # what a sample opened at module level
+    await run_sample(sample, redis_url)
     logged = [r for r in caplog.records if r.name.startswith("fastapi_singletonjob")]
     unreachable = [r.getMessage() for r in logged if "cannot reach the lease store" in r.msg]
     assert not unreachable, f"{sample.id}: the sample's jobs did not reach Redis: {unreachable}"
     errors = [r.getMessage() for r in logged if r.levelno >= logging.ERROR]
     if not sample.errors_expected:
         assert not errors, f"{sample.id}: the library logged errors: {errors}"
+
+
+# -- the rule itself, on a page written here --------------------------------------------------
+
+PAGE = """\
+# A page
+
+Runs as written:
+
+```python
+ANSWER = 42
+```
+
+No mark, and it does not run on its own:
+
+```python
+print(UNDEFINED_NAME)
+```
+
+A fragment that hides what it needs:
+
+<!-- sample: setup jobs -->
+```python
+@jobs.interval("x", every=60)
+async def x() -> None: ...
+```
+
+*Fragment:* `jobs` is the app's `SingletonJobs`.
+
+<!-- sample: setup jobs -->
+```python
+@jobs.interval("y", every=60)
+async def y() -> None: ...
+```
+
+*Fragment:* goes on from the block above.
+
+<!-- sample: continue -->
+```python
+assert y is not None
+```
+"""
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> list[Sample]:
+    path = tmp_path / "page.md"
+    path.write_text(PAGE, encoding="utf-8")
+    return list(extract(path))
+
+
+def test_the_rule_finds_the_visible_marks(page: list[Sample]) -> None:
+    assert [sample.fragment for sample in page] == [
+        None,
+        None,
+        None,
+        "`jobs` is the app's `SingletonJobs`.",
+        "goes on from the block above.",
+    ]
+    assert [unmarked(sample) is None for sample in page] == [True, True, False, True, True]
+    problem = unmarked(page[2])
+    assert problem is not None
+    assert "page.md:18" in problem and "setup jobs" in problem
+
+
+async def test_the_rule_fails_an_unmarked_block_that_does_not_run(
+    page: list[Sample], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SINGLETONJOB_REDIS_URL", "memory://")
+    await run_sample(page[0], "memory://")
+    with pytest.raises(NameError, match="UNDEFINED_NAME"):
+        await run_sample(page[1], "memory://")
 
 
 # -- the pages agree with the code ---------------------------------------------------------
