@@ -1,5 +1,6 @@
 """Run a periodic job on exactly one replica of a FastAPI service, elected through Redis."""
 
+from ._checkpoint import Checkpoint
 from ._context import JobContext
 from ._dependencies import job_context
 from ._errors import (
@@ -18,6 +19,7 @@ from ._status import HealthStatus, JobReport, JobStatus, LastRun, NodeStatus, St
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checkpoint",
     "ConfigurationError",
     "Cron",
     "DropReason",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from redis.asyncio import Redis
 
@@ -13,9 +14,13 @@ from ._job import JobSpec
 from ._redact import redact_url
 from ._redis_store import RedisLeaseStore
 from ._schedule import policy_of
-from ._store import LeaseStore, MemoryLeaseStore
+from ._store import CheckpointStore, LeaseStore, MemoryLeaseStore
 
-__all__ = ["MAX_POOL_SIZE", "open_store"]
+__all__ = ["MAX_POOL_SIZE", "Store", "open_store"]
+
+
+class Store(LeaseStore, CheckpointStore, Protocol):
+    """What the engine needs of a backend: leases and checkpoints."""
 
 
 MAX_POOL_SIZE = 16
@@ -24,15 +29,20 @@ MAX_POOL_SIZE = 16
 
 def open_store(
     settings: Settings, specs: Iterable[JobSpec], *, client: Redis | None, clock: Clock
-) -> LeaseStore:
+) -> Store:
     """The store of one ``SingletonJobs``: a Redis store on ``client`` or ``settings``'s URL,
     or the in-process store for ``memory://``. Opening does not connect.
 
     The pool holds the connections the store may need at once: the election round, a release,
-    and one claim per job that claims instants (all may fire on one instant); capped, since
-    the pool makes callers wait for a free connection rather than fail."""
-    claiming = sum(1 for spec in specs if spec.enabled and not policy_of(spec.schedule).after_run)
-    pool_size = min(2 + claiming, MAX_POOL_SIZE)
+    and one call per job that claims instants or writes its checkpoint (all may end or fire
+    on one instant); capped, since the pool makes callers wait for a free connection rather
+    than fail."""
+    calling = sum(
+        1
+        for spec in specs
+        if spec.enabled and (spec.checkpoint or not policy_of(spec.schedule).after_run)
+    )
+    pool_size = min(2 + calling, MAX_POOL_SIZE)
     if client is not None:
         return RedisLeaseStore(settings.project, client=client, max_connections=pool_size)
     url = settings.redis_url

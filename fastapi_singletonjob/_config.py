@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
 
+from ._checkpoint import DEFAULT_CHECKPOINT_RETENTION_S
 from ._election import lease_deadline
 from ._errors import ConfigurationError
 from ._redact import check_redis_url, redact_url
@@ -110,18 +111,58 @@ def default_node_id() -> str:
     return f"{host or 'node'}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-def _env_duration(env: Mapping[str, str], name: str) -> float | None:
-    raw = env.get(ENV_PREFIX + name.upper())
-    if raw is None or raw.strip() == "":
-        return None
+def check_node_id(value: object) -> str:
+    """Validate a configured node id: non-blank printable text of at most 200 characters.
+
+    An empty id is refused rather than replaced by a generated one: whoever passed it meant
+    to name the node, and a silent default would hide the mistake (a template variable that
+    expanded to nothing, say)."""
+    fix = "leave node_id unset for the default (pod or host name, pid, random suffix)"
+    if not isinstance(value, str) or not value.isprintable() or len(value) > 200:
+        raise ConfigurationError(
+            f"node_id={value!r} must be printable text of at most 200 characters; pass e.g. "
+            f"node_id='web-1', or {fix}",
+            field="node_id",
+        )
+    if not value.strip():
+        raise ConfigurationError(
+            f"node_id={value!r} is blank; pass a name such as node_id='web-1', or {fix}",
+            field="node_id",
+        )
+    return value
+
+
+def _parse_seconds(raw: str, name: str) -> float:
+    """A duration read from the environment: a number of seconds, nothing else."""
     try:
         return float(raw)
     except ValueError:
         raise ConfigurationError(
-            f"environment variable {ENV_PREFIX}{name.upper()}={raw!r} is not a number of "
-            f"seconds; set it to e.g. '3' or '0.5'",
+            f"not a number of seconds; set {ENV_PREFIX}{name.upper()} to e.g. '3' or '0.5', "
+            f"or pass {name}= explicitly",
             field=name,
         ) from None
+
+
+def _naming_the_variables(
+    error: ConfigurationError, read: Mapping[str, tuple[str, str]]
+) -> ConfigurationError:
+    """``error`` with the environment variables that set the values it is about: the user
+    wrote a variable, not an argument, and should find which one to fix.
+
+    ``read`` maps each setting taken from the environment to its variable and the text shown
+    for its value (nothing for a URL, which may hold a password: the message shows it
+    redacted). The error's own field leads the message; other settings it names follow it.
+    """
+    message = str(error)
+    field = error.field
+    if field is not None and field in read:
+        variable, shown = read[field]
+        message = f"{field} (from {variable}{shown}): {message}"
+    others = [name for name in read if name != field and re.search(rf"\b{name}=", str(error))]
+    if others:
+        message += "; " + ", ".join(f"{name} came from {''.join(read[name])}" for name in others)
+    return error if message == str(error) else ConfigurationError(message, field=field)
 
 
 @dataclass(frozen=True)
@@ -139,6 +180,8 @@ class Settings:
     """How long before each instant the timer wakes and yields until it comes (0: off)."""
     node_id_generated_in: int | None = None
     """The pid that generated a default node id (None when it was configured)."""
+    checkpoint_retention_s: float = DEFAULT_CHECKPOINT_RETENTION_S
+    """How long a job's checkpoint outlives the last renewal of its lock by any node."""
 
     @classmethod
     def build(
@@ -153,69 +196,87 @@ class Settings:
         max_backoff: Duration | None,
         shutdown_timeout: Duration | None,
         precision: Duration | None = None,
+        checkpoint_retention: Duration | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Settings:
         """Merge arguments, environment and defaults, and validate the result."""
         env = os.environ if env is None else env
+        # Each setting taken from the environment: its variable, and its value as shown.
+        read: dict[str, tuple[str, str]] = {}
+
+        def from_env(name: str, *, empty_is_unset: bool = True, secret: bool = False) -> str | None:
+            variable = ENV_PREFIX + name.upper()
+            raw = env.get(variable)
+            if raw is None or (empty_is_unset and raw.strip() == ""):
+                return None
+            read[name] = (variable, "" if secret else f"={raw!r}")
+            return raw
 
         def pick(value: Duration | None, name: str, default: float) -> Duration:
             if value is not None:
                 return value
-            from_env = _env_duration(env, name)
-            return default if from_env is None else from_env
+            raw = from_env(name)
+            return default if raw is None else _parse_seconds(raw, name)
 
-        if redis_url is None and not has_client:
-            redis_url = env.get(ENV_PREFIX + "REDIS_URL") or DEFAULT_REDIS_URL
-        if redis_url is not None:
-            check_redis_url(redis_url)
-        project = project if project is not None else env.get(ENV_PREFIX + "PROJECT")
-        if project is None:
-            raise ConfigurationError(
-                "project is required: it namespaces every Redis key, and a shared default "
-                "would let unrelated deployments elect each other; pass project='myapp' or "
-                f"set {ENV_PREFIX}PROJECT",
-                field="project",
+        try:
+            if redis_url is None and not has_client:
+                redis_url = from_env("redis_url", secret=True) or DEFAULT_REDIS_URL
+            if redis_url is not None:
+                check_redis_url(redis_url)
+            if project is None:
+                # An empty SINGLETONJOB_PROJECT is an error, not "unset": see check_name.
+                project = from_env("project", empty_is_unset=False)
+            if project is None:
+                raise ConfigurationError(
+                    "project is required: it namespaces every Redis key, and a shared default "
+                    "would let unrelated deployments elect each other; pass project='myapp' or "
+                    f"set {ENV_PREFIX}PROJECT",
+                    field="project",
+                )
+            check_name(project, field="project")
+            if node_id is None:
+                node_id = from_env("node_id")
+            generated_in = None if node_id is not None else os.getpid()
+            node_id = default_node_id() if node_id is None else check_node_id(node_id)
+            heartbeat_s = to_seconds(
+                pick(heartbeat_interval, "heartbeat_interval", 3.0),
+                field="heartbeat_interval",
+                minimum_s=MIN_PERIOD_S,
             )
-        check_name(project, field="project")
-        node_id = node_id if node_id is not None else env.get(ENV_PREFIX + "NODE_ID")
-        generated_in = None if node_id else os.getpid()
-        node_id = node_id or default_node_id()
-        if not isinstance(node_id, str) or not node_id.isprintable() or len(node_id) > 200:
-            raise ConfigurationError(
-                f"node_id={node_id!r} must be printable text of at most 200 characters",
-                field="node_id",
+            expiry_s = to_seconds(
+                pick(lock_expiry, "lock_expiry", 10.0),
+                field="lock_expiry",
+                minimum_s=MIN_PERIOD_S,
             )
-        heartbeat_s = to_seconds(
-            pick(heartbeat_interval, "heartbeat_interval", 3.0),
-            field="heartbeat_interval",
-            minimum_s=MIN_PERIOD_S,
-        )
-        expiry_s = to_seconds(
-            pick(lock_expiry, "lock_expiry", 10.0), field="lock_expiry", minimum_s=MIN_PERIOD_S
-        )
-        check_expiry(expiry_s, heartbeat_s, field="lock_expiry")
-        backoff_s = to_seconds(pick(max_backoff, "max_backoff", 30.0), field="max_backoff")
-        if backoff_s < heartbeat_s:
-            raise ConfigurationError(
-                f"max_backoff={backoff_s:g}s is below heartbeat_interval={heartbeat_s:g}s; "
-                "make max_backoff at least the heartbeat interval",
-                field="max_backoff",
+            check_expiry(expiry_s, heartbeat_s, field="lock_expiry")
+            backoff_s = to_seconds(pick(max_backoff, "max_backoff", 30.0), field="max_backoff")
+            if backoff_s < heartbeat_s:
+                raise ConfigurationError(
+                    f"max_backoff={backoff_s:g}s is below heartbeat_interval={heartbeat_s:g}s; "
+                    "make max_backoff at least the heartbeat interval",
+                    field="max_backoff",
+                )
+            shutdown_s = to_seconds(
+                pick(shutdown_timeout, "shutdown_timeout", 10.0),
+                field="shutdown_timeout",
+                allow_zero=True,
             )
-        shutdown_s = to_seconds(
-            pick(shutdown_timeout, "shutdown_timeout", 10.0),
-            field="shutdown_timeout",
-            allow_zero=True,
-        )
-        precision_s = to_seconds(
-            pick(precision, "precision", 0.0), field="precision", allow_zero=True
-        )
-        if precision_s > MAX_PRECISION_S:
-            raise ConfigurationError(
-                f"precision={precision_s:g}s is more than {MAX_PRECISION_S:g}s of busy "
-                "waiting before every instant, which costs CPU for nothing; use a few "
-                "milliseconds (precision=0.002) or 0 to turn it off",
-                field="precision",
+            precision_s = to_seconds(
+                pick(precision, "precision", 0.0), field="precision", allow_zero=True
             )
+            if precision_s > MAX_PRECISION_S:
+                raise ConfigurationError(
+                    f"precision={precision_s:g}s is more than {MAX_PRECISION_S:g}s of busy "
+                    "waiting before every instant, which costs CPU for nothing; use a few "
+                    "milliseconds (precision=0.002) or 0 to turn it off",
+                    field="precision",
+                )
+            retention_s = _retention_s(
+                pick(checkpoint_retention, "checkpoint_retention", DEFAULT_CHECKPOINT_RETENTION_S),
+                expiry_s,
+            )
+        except ConfigurationError as error:
+            raise _naming_the_variables(error, read) from None
         return cls(
             project,
             node_id,
@@ -226,6 +287,7 @@ class Settings:
             shutdown_s,
             precision_s,
             generated_in,
+            retention_s,
         )
 
     def for_this_process(self) -> Settings:
@@ -243,12 +305,25 @@ class Settings:
             f"Settings(project={self.project!r}, node_id={self.node_id!r}, redis_url={url!r}, "
             f"heartbeat_interval_s={self.heartbeat_interval_s!r}, "
             f"lock_expiry_s={self.lock_expiry_s!r}, max_backoff_s={self.max_backoff_s!r}, "
-            f"shutdown_timeout_s={self.shutdown_timeout_s!r}, precision_s={self.precision_s!r})"
+            f"shutdown_timeout_s={self.shutdown_timeout_s!r}, precision_s={self.precision_s!r}, "
+            f"checkpoint_retention_s={self.checkpoint_retention_s!r})"
         )
 
 
 MAX_PRECISION_S = 0.05
 """Longest busy wait before an instant that ``precision`` admits."""
+
+
+def _retention_s(value: Duration, expiry_s: float) -> float:
+    """Validate ``checkpoint_retention``: a checkpoint must outlive its job's lease."""
+    retention_s = to_seconds(value, field="checkpoint_retention")
+    if retention_s < expiry_s:
+        raise ConfigurationError(
+            f"checkpoint_retention={retention_s:g}s is shorter than lock_expiry={expiry_s:g}s: "
+            "a checkpoint must outlive its job's lease (the default is 30 days)",
+            field="checkpoint_retention",
+        )
+    return retention_s
 
 
 def min_lock_expiry_s(heartbeat_s: float) -> float:

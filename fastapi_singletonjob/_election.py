@@ -170,7 +170,12 @@ class Elector:
         """One acquire-or-renew round for all leases; returns the delay until the next."""
         self.terms.expire()
         requests = [
-            LeaseRequest(lease.job, lease.ttl_s, lease.value if lease.token is not None else None)
+            LeaseRequest(
+                lease.job,
+                lease.ttl_s,
+                lease.value if lease.token is not None else None,
+                lease.retention_s,
+            )
             for lease in self.leases.values()
             if lease.wanted
         ]

@@ -32,13 +32,15 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ._aio import abort_all, cancel_and_wait, wait_all
+from ._backend import Store
+from ._checkpoint import DEFAULT_MAX_STATE_BYTES
 from ._clock import Clock
 from ._config import Settings
 from ._election import Elector, Lease
 from ._job import JobSpec
+from ._progress import Progress
 from ._run import JobRunner
 from ._snapshot import EngineSnapshot, take
-from ._store import LeaseStore
 from ._telemetry import Telemetry
 from ._ticker import Ticker
 
@@ -67,7 +69,7 @@ class Engine:
         self,
         settings: Settings,
         specs: Sequence[JobSpec],
-        store: LeaseStore,
+        store: Store,
         clock: Clock,
         app: object = None,
         telemetry: Telemetry | None = None,
@@ -82,7 +84,12 @@ class Engine:
             store=store,
             node_id=settings.node_id,
             leases=[
-                Lease(spec.name, spec.lock_expiry_s or settings.lock_expiry_s) for spec in enabled
+                Lease(
+                    spec.name,
+                    spec.lock_expiry_s or settings.lock_expiry_s,
+                    settings.checkpoint_retention_s if spec.checkpoint else None,
+                )
+                for spec in enabled
             ],
             heartbeat_s=settings.heartbeat_interval_s,
             max_backoff_s=settings.max_backoff_s,
@@ -104,6 +111,15 @@ class Engine:
                 executor=self._executor,
                 app=app,
                 telemetry=self.telemetry,
+                progress=Progress(
+                    store,
+                    spec.name,
+                    settings.node_id,
+                    retention_s=settings.checkpoint_retention_s,
+                    max_state_bytes=DEFAULT_MAX_STATE_BYTES,
+                )
+                if spec.checkpoint
+                else None,
             )
             for spec in enabled
         }
@@ -200,6 +216,8 @@ class Engine:
         """Shut down in the order described in the module docstring; never raises for a
         job's misbehaviour."""
         self.state = EngineState.DRAINING
+        for runner in self.runners.values():
+            runner.closed = True
         self.ticker.stop_waiting()
         if self._timer is not None:
             await cancel_and_wait(self._timer)

@@ -16,6 +16,7 @@ __all__ = [
     "JobOptions",
     "JobSpec",
     "LeadershipLostPolicy",
+    "MisfirePolicy",
     "cron_schedule",
     "custom_schedule",
     "fixed_rate_schedule",
@@ -23,6 +24,7 @@ __all__ = [
 ]
 
 LeadershipLostPolicy = Literal["finish", "cancel"]
+MisfirePolicy = Literal["skip", "run_once", "catch_up"]
 ScheduleKind = Literal["interval", "fixed_rate", "cron", "custom"]
 
 
@@ -41,6 +43,10 @@ class JobSpec:
     """Per-job lease time; None means the ``SingletonJobs`` setting."""
     misfire_grace_s: float | None = None
     """How late a run may still start after its instant; None: until the next instant."""
+    misfire: MisfirePolicy = "run_once"
+    """What a new leader does with the instants no node ran (cron and custom schedules)."""
+    checkpoint: bool = True
+    """Keep the job's checkpoint in the store (one fenced write per run)."""
     call: JobCall = field(init=False, repr=False, compare=False)
     """How the function's parameters are resolved for a run."""
 
@@ -58,9 +64,32 @@ class JobSpec:
                 job=self.name,
                 field="on_leadership_lost",
             )
-        if not isinstance(self.enabled, bool):
+        for name in ("enabled", "checkpoint"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigurationError(
+                    f"{name}={value!r} must be True or False", job=self.name, field=name
+                )
+        if self.misfire not in ("skip", "run_once", "catch_up"):
             raise ConfigurationError(
-                f"enabled={self.enabled!r} must be True or False", job=self.name, field="enabled"
+                f"misfire={self.misfire!r} is not one of 'skip' (run none of the missed "
+                "instants), 'run_once' (run the latest, once) or 'catch_up' (run each, in order)",
+                job=self.name,
+                field="misfire",
+            )
+        if self.misfire == "catch_up" and self.misfire_grace_s is None:
+            raise ConfigurationError(
+                "misfire='catch_up' needs misfire_grace, how far back missed instants are "
+                "still run (e.g. misfire_grace=timedelta(hours=6))",
+                job=self.name,
+                field="misfire_grace",
+            )
+        if self.misfire == "catch_up" and not self.checkpoint:
+            raise ConfigurationError(
+                "misfire='catch_up' finds the missed instants from the checkpoint; remove "
+                "checkpoint=False or choose misfire='run_once'",
+                job=self.name,
+                field="misfire",
             )
         # Resolve the parameters now, so that a bad one fails at registration, not at a tick.
         object.__setattr__(self, "call", JobCall(self.name, self.func))
@@ -121,9 +150,11 @@ class JobOptions:
 
     enabled: bool
     on_leadership_lost: LeadershipLostPolicy
+    checkpoint: bool
     timeout_s: float | None
     lock_expiry_s: float | None
     misfire_grace_s: float | None
+    misfire: MisfirePolicy
 
     @classmethod
     def parse(
@@ -132,20 +163,22 @@ class JobOptions:
         *,
         enabled: bool,
         on_leadership_lost: LeadershipLostPolicy,
+        checkpoint: bool,
         timeout: Duration | None,
         lock_expiry: Duration | None,
         misfire_grace: Duration | None,
+        misfire: MisfirePolicy,
         heartbeat_s: float,
     ) -> JobOptions:
-        """Validate the options of job ``name`` as the user gave them (``enabled`` and
-        ``on_leadership_lost`` are checked by ``JobSpec``)."""
+        """Validate the options of job ``name`` as the user gave them (the others are
+        checked by ``JobSpec``)."""
         timeout_s = None if timeout is None else to_seconds(timeout, field="timeout", job=name)
         expiry_s = None
         if lock_expiry is not None:
             expiry_s = to_seconds(lock_expiry, field="lock_expiry", job=name)
             check_expiry(expiry_s, heartbeat_s, field="lock_expiry", job=name)
         grace_s = to_grace_s(misfire_grace, name)
-        return cls(enabled, on_leadership_lost, timeout_s, expiry_s, grace_s)
+        return cls(enabled, on_leadership_lost, checkpoint, timeout_s, expiry_s, grace_s, misfire)
 
     def spec(
         self, name: str, func: Callable[..., Any], schedule: Schedule, kind: ScheduleKind
@@ -161,4 +194,6 @@ class JobOptions:
             on_leadership_lost=self.on_leadership_lost,
             lock_expiry_s=self.lock_expiry_s,
             misfire_grace_s=self.misfire_grace_s,
+            misfire=self.misfire,
+            checkpoint=self.checkpoint,
         )

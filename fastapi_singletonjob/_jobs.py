@@ -14,7 +14,8 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from redis.asyncio import Redis
 
-from ._backend import open_store
+from ._backend import Store, open_store
+from ._checkpoint import Checkpoint
 from ._clock import SYSTEM_CLOCK, Clock
 from ._config import Duration, Settings, check_name
 from ._engine import Engine
@@ -23,6 +24,7 @@ from ._job import (
     JobOptions,
     JobSpec,
     LeadershipLostPolicy,
+    MisfirePolicy,
     ScheduleKind,
     cron_schedule,
     custom_schedule,
@@ -33,7 +35,6 @@ from ._redact import redact_url
 from ._router import create_router
 from ._schedule import Schedule
 from ._status import NodeStatus, node_status
-from ._store import LeaseStore
 from ._telemetry import Telemetry
 
 __all__ = ["SingletonJobs"]
@@ -49,7 +50,8 @@ class SingletonJobs:
     Every argument may also come from the environment (``SINGLETONJOB_REDIS_URL``,
     ``SINGLETONJOB_PROJECT``, ``SINGLETONJOB_NODE_ID``, ``SINGLETONJOB_HEARTBEAT_INTERVAL``,
     ``SINGLETONJOB_LOCK_EXPIRY``, ``SINGLETONJOB_MAX_BACKOFF``,
-    ``SINGLETONJOB_SHUTDOWN_TIMEOUT``, durations in seconds); explicit arguments win.
+    ``SINGLETONJOB_SHUTDOWN_TIMEOUT``, ``SINGLETONJOB_PRECISION``,
+    ``SINGLETONJOB_CHECKPOINT_RETENTION``, durations in seconds); explicit arguments win.
 
     :param redis_url: ``redis://``, ``rediss://``, ``unix://``, or ``memory://`` (one process
         only, for development and tests). Default ``redis://localhost:6379/0``.
@@ -71,6 +73,8 @@ class SingletonJobs:
         and yields to the event loop until it comes, so runs start within a fraction of a
         millisecond of their instant instead of the ~1-2 ms of asyncio's timer; costs CPU
         while it waits (0 = off, the default; 0.002 is a good value; at most 0.05).
+    :param checkpoint_retention: how long a job's checkpoint outlives the last node that led
+        it (30 days); a live job's record never expires.
     :param clock: a ``FakeClock`` in tests; default the
         system clock.
     :param tracer_provider: OpenTelemetry tracer provider; default the global one.
@@ -89,6 +93,7 @@ class SingletonJobs:
         max_backoff: Duration | None = None,
         shutdown_timeout: Duration | None = None,
         precision: Duration | None = None,
+        checkpoint_retention: Duration | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -113,6 +118,7 @@ class SingletonJobs:
             max_backoff=max_backoff,
             shutdown_timeout=shutdown_timeout,
             precision=precision,
+            checkpoint_retention=checkpoint_retention,
         )
         self._client = redis
         self._clock: Clock = clock or SYSTEM_CLOCK
@@ -160,13 +166,43 @@ class SingletonJobs:
 
     def status(self, job: str | None = None) -> NodeStatus:
         """A snapshot of this node and its jobs (or only ``job``), as the router serves it."""
-        if job is not None and job not in self._specs:
+        if job is not None:
+            self._known(job)
+        return node_status(self, only=job)
+
+    async def checkpoint(self, job: str) -> Checkpoint | None:
+        """``job``'s checkpoint as stored, the same from every replica; None before its first
+        run. Works before startup too (it opens a connection for the call)."""
+        self._known(job)
+        async with self._store() as store:
+            return await store.read_checkpoint(job)
+
+    async def reset_checkpoint(self, job: str) -> bool:
+        """Delete ``job``'s checkpoint (an operator's action, not fenced): its next run starts
+        from iteration 1 and no state. True if there was one."""
+        self._known(job)
+        async with self._store() as store:
+            return await store.reset_checkpoint(job)
+
+    def _known(self, job: str) -> None:
+        if job not in self._specs:
             raise JobNotFound(
                 f"no job named {job!r} is registered; registered jobs: "
                 f"{', '.join(sorted(self._specs)) or 'none'}",
                 field="job",
             )
-        return node_status(self, only=job)
+
+    @contextlib.asynccontextmanager
+    async def _store(self) -> AsyncIterator[Store]:
+        """The running engine's store, or one opened for the call."""
+        if self._engine is not None:
+            yield self._engine.store
+            return
+        store = self._open_store()
+        try:
+            yield store
+        finally:
+            await store.aclose()
 
     @property
     def engine(self) -> Engine | None:
@@ -184,6 +220,7 @@ class SingletonJobs:
         timeout: Duration | None = None,
         on_leadership_lost: LeadershipLostPolicy = "finish",
         lock_expiry: Duration | None = None,
+        checkpoint: bool = True,
     ) -> Callable[[F], F]:
         """Run the decorated function as soon as this node leads, then ``every`` after
         each run ends (run, then wait)."""
@@ -192,7 +229,7 @@ class SingletonJobs:
             name,
             interval_schedule(name, every),
             "interval",
-            self._options(name, enabled, on_leadership_lost, timeout, lock_expiry),
+            self._options(name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry),
         )
 
     def fixed_rate(
@@ -205,6 +242,7 @@ class SingletonJobs:
         timeout: Duration | None = None,
         on_leadership_lost: LeadershipLostPolicy = "finish",
         lock_expiry: Duration | None = None,
+        checkpoint: bool = True,
     ) -> Callable[[F], F]:
         """Run the decorated function on a grid of instants ``epoch + offset + k * every``
         shared by all replicas; a tick that comes while a run is still going is dropped."""
@@ -213,7 +251,7 @@ class SingletonJobs:
             name,
             fixed_rate_schedule(name, every, offset),
             "fixed_rate",
-            self._options(name, enabled, on_leadership_lost, timeout, lock_expiry),
+            self._options(name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry),
         )
 
     def cron(
@@ -223,10 +261,12 @@ class SingletonJobs:
         *,
         timezone: str = "UTC",
         misfire_grace: Duration | None = None,
+        misfire: MisfirePolicy = "run_once",
         enabled: bool = True,
         timeout: Duration | None = None,
         on_leadership_lost: LeadershipLostPolicy = "finish",
         lock_expiry: Duration | None = None,
+        checkpoint: bool = True,
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of a cron expression (5 fields, or 6
         with seconds last), in ``timezone``. A run may start up to ``misfire_grace`` after
@@ -236,7 +276,16 @@ class SingletonJobs:
             name,
             cron_schedule(name, expression, timezone),
             "cron",
-            self._options(name, enabled, on_leadership_lost, timeout, lock_expiry, misfire_grace),
+            self._options(
+                name,
+                enabled,
+                on_leadership_lost,
+                checkpoint,
+                timeout,
+                lock_expiry,
+                misfire_grace,
+                misfire,
+            ),
         )
 
     def schedule(
@@ -245,10 +294,12 @@ class SingletonJobs:
         schedule: Schedule,
         *,
         misfire_grace: Duration | None = None,
+        misfire: MisfirePolicy = "run_once",
         enabled: bool = True,
         timeout: Duration | None = None,
         on_leadership_lost: LeadershipLostPolicy = "finish",
         lock_expiry: Duration | None = None,
+        checkpoint: bool = True,
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of any object with a
         ``next_fire(after: datetime) -> datetime | None`` method."""
@@ -257,7 +308,16 @@ class SingletonJobs:
             name,
             custom_schedule(name, schedule),
             "custom",
-            self._options(name, enabled, on_leadership_lost, timeout, lock_expiry, misfire_grace),
+            self._options(
+                name,
+                enabled,
+                on_leadership_lost,
+                checkpoint,
+                timeout,
+                lock_expiry,
+                misfire_grace,
+                misfire,
+            ),
         )
 
     def _options(
@@ -265,9 +325,11 @@ class SingletonJobs:
         name: str,
         enabled: bool,
         on_leadership_lost: LeadershipLostPolicy,
+        checkpoint: bool,
         timeout: Duration | None,
         lock_expiry: Duration | None,
         misfire_grace: Duration | None = None,
+        misfire: MisfirePolicy = "run_once",
     ) -> JobOptions:
         if name in self._specs:
             raise ConfigurationError(
@@ -280,9 +342,11 @@ class SingletonJobs:
             name,
             enabled=enabled,
             on_leadership_lost=on_leadership_lost,
+            checkpoint=checkpoint,
             timeout=timeout,
             lock_expiry=lock_expiry,
             misfire_grace=misfire_grace,
+            misfire=misfire,
             heartbeat_s=self.settings.heartbeat_interval_s,
         )
 
@@ -305,7 +369,7 @@ class SingletonJobs:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def _open_store(self) -> LeaseStore:
+    def _open_store(self) -> Store:
         return open_store(
             self.settings, self._specs.values(), client=self._client, clock=self._clock
         )

@@ -112,6 +112,8 @@ class Lease:
 
     job: str
     ttl_s: float
+    retention_s: float | None = None
+    """How long the job's checkpoint outlives this node's last renewal; None: no checkpoint."""
     token: int | None = None
     """Fencing token of this node's current term; None while it does not lead."""
     value: str | None = None

@@ -26,6 +26,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 
 from . import _keys, _scripts
+from ._checkpoint import RedisCheckpoints
 from ._redact import redact_url
 from ._store import (
     DEFAULT_KEEPALIVE_S,
@@ -117,7 +118,7 @@ def _options_from_client(client: Redis) -> tuple[type[AbstractConnection], dict[
     return pool.connection_class, {**options, **_forced()}
 
 
-class RedisLeaseStore:
+class RedisLeaseStore(RedisCheckpoints):
     """Leases kept in Redis keys (see ``_keys``), changed only by the scripts in ``_scripts``.
 
     :param max_connections: size of the claims' pool (default ``DEFAULT_MAX_CONNECTIONS``);
@@ -194,10 +195,16 @@ class RedisLeaseStore:
             keys += (
                 _keys.lock_key(self._project, request.job),
                 _keys.fence_key(self._project, request.job),
+                _keys.checkpoint_key(self._project, request.job),
             )
             # Only a value of the form this library writes can be the caller's own.
             held = request.held if is_lock_value(request.held) else None
-            args += (max(1, round(request.ttl_s * 1000)), held or "")
+            retention = request.retention_s
+            args += (
+                max(1, round(request.ttl_s * 1000)),
+                held or "",
+                "" if retention is None else max(1, round(retention * 1000)),
+            )
         try:
             raw: list[Any] = await self._elect(keys=keys, args=args)
         except ReadOnlyError as exc:  # a renewal's PEXPIRE, refused by a replica

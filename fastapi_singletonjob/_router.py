@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException, Response, status
 
-from ._status import HealthStatus, JobReport, NodeStatus, liveness, node_status, readiness
+from ._status import (
+    HealthStatus,
+    JobReport,
+    NodeStatus,
+    add_checkpoints,
+    liveness,
+    node_status,
+    readiness,
+)
 
 if TYPE_CHECKING:
     from ._jobs import SingletonJobs
@@ -35,8 +43,11 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
 
     @router.get("/jobs", response_model=NodeStatus, summary="This node and all its jobs")
     async def list_jobs() -> NodeStatus:
-        """The node, whether Redis answers, and for each job: schedule, leader, lease, runs."""
-        return node_status(jobs)
+        """The node, whether Redis answers, and for each job: schedule, leader, lease, runs,
+        and its checkpoint as stored in Redis."""
+        snapshot = node_status(jobs)
+        await add_checkpoints(jobs, snapshot.jobs)
+        return snapshot
 
     @router.get(
         "/jobs/{name}",
@@ -52,6 +63,7 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
                 status.HTTP_404_NOT_FOUND, f"no job named {name!r}; known jobs: {known}"
             )
         snapshot = node_status(jobs, only=name)
+        await add_checkpoints(jobs, snapshot.jobs)
         return JobReport(
             project=snapshot.project,
             node_id=snapshot.node_id,
@@ -63,6 +75,7 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
 
     _add_probe(
         router,
+        "ready",
         "/health",
         "Readiness probe",
         "200 when the election loop runs and reached Redis within one lock expiry, else 503 "
@@ -72,6 +85,7 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
     )
     _add_probe(
         router,
+        "live",
         "/health/live",
         "Liveness probe",
         "503 only when a loop of the library is dead or wedged (restarting would help); an "
@@ -84,13 +98,14 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
 
 def _add_probe(
     router: APIRouter,
+    name: str,
     path: str,
     summary: str,
     description: str,
     check: Callable[[], str | None],
     jobs: SingletonJobs,
 ) -> None:
-    """Add a probe at ``path``: 200, or 503 with the reason ``check`` gives."""
+    """Add the probe ``name`` at ``path``: 200, or 503 with the reason ``check`` gives."""
 
     async def probe(response: Response) -> HealthStatus:
         return _probe(response, check(), jobs.node_id)
@@ -103,6 +118,7 @@ def _add_probe(
         summary=summary,
         description=description,
         responses=_UNAVAILABLE,
+        name=name,
     )
 
 

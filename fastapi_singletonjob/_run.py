@@ -10,23 +10,21 @@ run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from concurrent.futures import Executor
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
-from ._aio import call_in_thread
+from ._checkpoint import Checkpoint
 from ._clock import Clock
 from ._context import JobContext
 from ._election import Elector
+from ._invoke import Invoker, NotStarted, summary
 from ._job import JobSpec
 from ._lease import LeaseView
-from ._schedule import policy_of
+from ._progress import Progress, no_checkpoint
+from ._schedule import count_instants, latest_instant, policy_of
 from ._state import DropReason, JobStats, Outcome, RunRecord
 from ._telemetry import NOT_LEADER, Telemetry
 
@@ -43,15 +41,15 @@ class JobRunner:
     """Starts and supervises the runs of one job on this node."""
 
     __slots__ = (
-        "_app",
         "_claimed_term",
         "_clock",
         "_elector",
-        "_executor",
-        "_is_async",
         "_task_name",
-        "_unwatched",
+        "_invoker",
         "_iteration",
+        "closed",
+        "resume_in_s",
+        "_progress",
         "_telemetry",
         "_warned",
         "crashed",
@@ -72,20 +70,20 @@ class JobRunner:
         executor: Executor | None,
         app: object = None,
         telemetry: Telemetry | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self.spec = spec
+        self._progress = progress
+        """The job's checkpoint; None with ``checkpoint=False``."""
         self.stats = JobStats()
         self.lease: LeaseView = elector.terms.view(spec.name)
         self._elector = elector
         self._clock = clock
-        self._executor = executor
-        self._app = app
+        self._invoker = Invoker(spec, clock=clock, executor=executor, app=app)
         self._telemetry = telemetry or Telemetry(elector.node_id)
         self._warned: tuple[str, ...] = ()
         """Which long-run warnings were given (once per job and kind)."""
         self.policy = policy_of(spec.schedule)
-        self._is_async = spec.is_async
-        self._unwatched = spec.timeout_s is None and spec.on_leadership_lost == "finish"
         self._task_name = f"singletonjob run {spec.name!r}"
         self._claimed_term: int | None = None
         """The last term whose first instant was claimed (schedules that claim only that)."""
@@ -96,6 +94,10 @@ class JobRunner:
         """Why the job's schedule failed on this node, if it did."""
         self.on_run_end: Callable[[JobRunner], None] | None = None
         """Called when a run (or an attempt to start one) has ended."""
+        self.resume_in_s: float | None = None
+        """Set when an interval job's run was put off (``_space``): the delay to the next."""
+        self.closed = False
+        """Set at shutdown: no run starts any more."""
 
     def within_grace(self, instant: datetime, now: datetime) -> bool:
         """Whether a run for ``instant`` may still start at ``now``: within ``misfire_grace``,
@@ -122,6 +124,8 @@ class JobRunner:
 
     def start(self, scheduled_at: datetime) -> asyncio.Task[None] | None:
         """Start a run for the instant ``scheduled_at`` if this node leads and is idle."""
+        if self.closed:
+            return None
         token = self.lease.token
         if token is None or not self._elector.is_leader(self.spec.name, token):
             self.stats.not_leader += 1
@@ -133,85 +137,236 @@ class JobRunner:
         claim = self.policy.claims_every_instant or (
             not self.policy.after_run and self._claimed_term != token
         )
-        self._iteration += 1
-        ctx = JobContext(
-            job=self.spec.name,
-            node_id=self.node,
-            fencing_token=token,
-            scheduled_at=scheduled_at,
-            started_at=self._clock.now(),
-            iteration=self._iteration,
-            _is_leader=functools.partial(self._elector.is_leader, self.spec.name, token),
-            _lost=functools.partial(self.lease.lost_of, token),
+        self.stats.running_since = started_at = self._clock.now()
+        self.current = run = asyncio.create_task(
+            self._supervise(token, scheduled_at, started_at, claim), name=self._task_name
         )
-        self.stats.running_since = ctx.started_at
-        self.current = run = asyncio.create_task(self._supervise(ctx, claim), name=self._task_name)
         # After the task: its first step (up to the job's first await) then comes before the
         # deadline watchdog that this wakes.
         self._elector.run_started(self.spec.name)
         return run
 
-    async def _claim(self, ctx: JobContext) -> DropReason | None:
+    # -- what a JobContext asks of its runner ---------------------------------------------
+
+    def is_leader_of(self, token: int) -> bool:
+        """Whether this node still leads the job in term ``token``."""
+        return self._elector.is_leader(self.spec.name, token)
+
+    def lost_of(self, token: int) -> asyncio.Event:
+        """The "leadership lost" signal of term ``token``."""
+        return self.lease.lost_of(token)
+
+    async def save_state_of(self, ctx: JobContext, value: object) -> None:
+        """``ctx.save_state(value)``: a fenced write of the job's state."""
+        if self._progress is None:
+            raise no_checkpoint(self.spec.name)
+        time_left = self._elector.terms.time_left(self.spec.name)
+        if not self.is_leader_of(ctx.fencing_token):
+            time_left = 0.0
+        await self._progress.save_state(ctx.fencing_token, value, time_left)
+
+    # -- the run --------------------------------------------------------------------------
+
+    async def _context(
+        self, token: int, scheduled_at: datetime, started_at: datetime
+    ) -> JobContext | DropReason:
+        """The run's context, with the checkpoint as it stands (read at a term's first run);
+        or why the run cannot start."""
+        checkpoint = None
+        if self._progress is None:
+            self._iteration += 1
+            iteration = self._iteration
+        else:
+            try:
+                checkpoint = await self._progress.load(
+                    token, self._elector.terms.time_left(self.spec.name)
+                )
+            except Exception as exc:
+                logger.warning(
+                    "job %r: instant %s skipped on node %s: its checkpoint could not be read "
+                    "(%r), and running without it could repeat work",
+                    self.spec.name,
+                    scheduled_at.isoformat(),
+                    self.node,
+                    exc,
+                )
+                return DropReason.STORE_ERROR
+            iteration = (checkpoint.iteration if checkpoint is not None else 0) + 1
+        return JobContext(
+            job=self.spec.name,
+            node_id=self.node,
+            fencing_token=token,
+            scheduled_at=scheduled_at,
+            started_at=started_at,
+            iteration=iteration,
+            checkpoint=checkpoint,
+            _run=self,
+        )
+
+    async def _claim(self, token: int, scheduled_at: datetime) -> DropReason | None:
         """Claim the run's instant in the store, so that no instant runs twice across leaders
         (a successor, or a node whose wall clock is behind). None when claimed; else why not.
         A store error is retried, with jitter, while the lease holds and the instant is within
         its grace."""
-        instant_us = (ctx.scheduled_at - _EPOCH) // _ONE_US
+        job, node = self.spec.name, self.node
+        instant_us = (scheduled_at - _EPOCH) // _ONE_US
         delay_s = _CLAIM_RETRY_S
         while True:
-            result = await self._elector.claim(ctx.job, ctx.fencing_token, instant_us)
+            result = await self._elector.claim(job, token, instant_us)
             if result == 1:
-                self._claimed_term = ctx.fencing_token
+                self._claimed_term = token
                 return None
             if result == -2:
                 logger.error(
                     "job %r: instant %s is ahead of the store's clock; node %s's wall clock "
                     "is wrong (fix its time sync): not running it",
-                    ctx.job,
-                    ctx.scheduled_at.isoformat(),
-                    ctx.node_id,
+                    job,
+                    scheduled_at.isoformat(),
+                    node,
                 )
                 return DropReason.CLOCK_AHEAD
             if result == 0:
                 logger.info(
                     "job %r: instant %s was already run by another leader; not running it "
                     "again on node %s",
-                    ctx.job,
-                    ctx.scheduled_at.isoformat(),
-                    ctx.node_id,
+                    job,
+                    scheduled_at.isoformat(),
+                    node,
                 )
                 return DropReason.ALREADY_RUN
-            if result == -1 or not ctx.is_leader:
+            if result == -1 or not self.is_leader_of(token):
                 return DropReason.LEASE_EXPIRED
-            if not self.within_grace(ctx.scheduled_at, self._clock.now()):
+            if not self.within_grace(scheduled_at, self._clock.now()):
                 logger.warning(
                     "job %r: instant %s skipped on node %s: the store did not answer within "
                     "its grace, and running it unclaimed could run it twice",
-                    ctx.job,
-                    ctx.scheduled_at.isoformat(),
-                    ctx.node_id,
+                    job,
+                    scheduled_at.isoformat(),
+                    node,
                 )
                 return DropReason.STORE_ERROR
             # Jittered, so that jobs claiming one instant together do not retry in lockstep.
             await self._clock.sleep(delay_s * (0.5 + random.random()))
             delay_s = min(2 * delay_s, 1.0)
 
-    async def _supervise(self, ctx: JobContext, claim: bool) -> None:
+    async def _supervise(
+        self, token: int, scheduled_at: datetime, started_at: datetime, claim: bool
+    ) -> None:
         try:
-            if claim:
-                reason = await self._claim(ctx)
-                if reason is not None:
-                    self.current = None
-                    self.stats.running_since = None
-                    self.drop(reason)
-                    return
-            if not self.policy.after_run:
-                self._elector.terms.instant_started(ctx.job, ctx.scheduled_at)
-            await self._run(ctx)
+            await self._attempt(token, scheduled_at, started_at, claim)
         finally:
-            self._elector.terms.run_ended(self.spec.name)
-            if self.on_run_end is not None:
-                self.on_run_end(self)
+            self._ended()
+
+    async def _attempt(
+        self, token: int, scheduled_at: datetime, started_at: datetime, claim: bool
+    ) -> None:
+        """Claim the instant if asked, read the checkpoint at a term's first run, run."""
+        self.stats.running_since = started_at
+        first_of_term = self._progress is not None and not self._progress.loaded_for(token)
+        begun: JobContext | DropReason | None = None
+        if claim:
+            begun = await self._claim(token, scheduled_at)
+        if begun is None:
+            if not self.policy.after_run:
+                self._elector.terms.instant_started(self.spec.name, scheduled_at)
+            begun = await self._context(token, scheduled_at, started_at)
+        if isinstance(begun, DropReason):
+            self.drop(begun)
+        elif first_of_term and self.policy.after_run and self._space(begun.checkpoint):
+            pass  # a new leader waits out the interval since the previous leader's run
+        else:
+            await self._run(begun)
+        self.stats.running_since = None
+
+    def _space(self, checkpoint: Checkpoint | None) -> bool:
+        """Whether an interval job's first run of a term must wait: the stored last run
+        (on any node) ended less than ``every`` ago. Sets ``resume_in_s``."""
+        every_s = self.policy.period_s
+        if checkpoint is None or checkpoint.last_completed_at is None or every_s is None:
+            return False
+        since_s = (self._clock.now() - checkpoint.last_completed_at).total_seconds()
+        if since_s >= every_s:
+            return False
+        self.resume_in_s = every_s - since_s
+        logger.info(
+            "job %r: its last run ended %.3fs ago; node %s runs it in %.3fs",
+            self.spec.name,
+            since_s,
+            self.node,
+            self.resume_in_s,
+        )
+        return True
+
+    def _ended(self) -> None:
+        self.current = None
+        self.stats.running_since = None
+        self._elector.terms.run_ended(self.spec.name)
+        if self.on_run_end is not None:
+            self.on_run_end(self)
+
+    # -- misfires -------------------------------------------------------------------------
+
+    def catch_up(self, missed: datetime | None) -> asyncio.Task[None] | None:
+        """This node began a term of a cron or custom job: run what its ``misfire`` policy
+        says of the instants after the stored last run that no node ran, as one task that
+        counts as the run in flight (a tick meanwhile is dropped as an overlap). Without a
+        stored run, ``missed`` (the last instant this node saw pass while another led) is
+        run once, within its grace."""
+        token = self.lease.token
+        if self.closed or token is None or self.current is not None or self._progress is None:
+            return None
+        self.current = task = asyncio.create_task(
+            self._catch_up(token, missed), name=self._task_name
+        )
+        self._elector.run_started(self.spec.name)
+        return task
+
+    async def _catch_up(self, token: int, missed: datetime | None) -> None:
+        assert self._progress is not None
+        job, schedule = self.spec.name, self.spec.schedule
+        try:
+            try:
+                checkpoint = await self._progress.load(token, self._time_left())
+            except Exception as exc:
+                logger.warning(
+                    "job %r: node %s could not read its checkpoint (%r); instants missed "
+                    "before this term are not run",
+                    job,
+                    self.node,
+                    exc,
+                )
+                return
+            last = checkpoint.last_scheduled_at if checkpoint is not None else None
+            now = self._clock.now()
+            if last is None or self.spec.misfire == "run_once":
+                instant = missed if last is None else latest_instant(schedule, last, now)
+                if instant is not None and self.within_grace(instant, now):
+                    await self._attempt(token, instant, now, claim=True)
+                elif instant is not None:
+                    self.drop(DropReason.LATE)
+                return
+            assert self.spec.misfire_grace_s is not None  # catch_up requires it
+            grace = timedelta(seconds=self.spec.misfire_grace_s)
+            cursor = last  # the instants after it are run in order, each once
+            if now - grace > last:
+                oldest = schedule.next_fire(last)
+                if oldest is not None and oldest < now - grace:
+                    self.drop(DropReason.LATE, count_instants(schedule, oldest, now - grace, 10**4))
+                cursor = now - grace
+            while not self.closed and self.is_leader_of(token):
+                instant, now = schedule.next_fire(cursor), self._clock.now()
+                if instant is None or instant > now or instant <= cursor:
+                    return
+                if now - instant > grace:
+                    self.drop(DropReason.LATE)
+                else:
+                    await self._attempt(token, instant, now, claim=True)
+                cursor = instant
+        finally:
+            self._ended()
+
+    def _time_left(self) -> float:
+        return self._elector.terms.time_left(self.spec.name)
 
     async def _run(self, ctx: JobContext) -> None:
         outcome: Outcome = Outcome.CANCELLED
@@ -220,17 +375,22 @@ class JobRunner:
         with self._telemetry.run_span(ctx) as span:
             ran = True
             try:
-                if self._unwatched:  # nothing to watch: no task besides the run's own
-                    outcome, error = await self._outcome(ctx, self._invoke(ctx))
-                else:
-                    outcome, error = await self._watch(ctx)
-            except _NotStarted:
+                outcome, error = await self._invoker.run(ctx)
+            except NotStarted:
                 ran = False
                 span.set_attribute("singletonjob.outcome", DropReason.LEASE_EXPIRED.value)
                 self.drop(DropReason.LEASE_EXPIRED)
+            else:
+                if self._progress is not None:  # before the run counts as ended
+                    await self._progress.record(
+                        ctx.fencing_token,
+                        outcome,
+                        ctx.scheduled_at,
+                        self._clock.now(),
+                        None if error is None else summary(error),
+                        self._time_left(),
+                    )
             finally:
-                self.current = None
-                self.stats.running_since = None
                 if ran:
                     duration_s = self._clock.monotonic() - started
                     self._telemetry.run_finished(span, ctx.job, outcome, duration_s, error)
@@ -240,9 +400,9 @@ class JobRunner:
         self, ctx: JobContext, outcome: Outcome, error: BaseException | None, duration_s: float
     ) -> None:
         finished_at = ctx.started_at + timedelta(seconds=duration_s)
-        summary = None if error is None else _summary(error)
+        text = None if error is None else summary(error)
         self.stats.record(
-            RunRecord(ctx.scheduled_at, ctx.started_at, finished_at, duration_s, outcome, summary)
+            RunRecord(ctx.scheduled_at, ctx.started_at, finished_at, duration_s, outcome, text)
         )
         self._warn_if_long(duration_s)
         logger.debug(
@@ -282,119 +442,3 @@ class JobRunner:
                 duration_s,
                 self.lease.ttl_s,
             )
-
-    async def _outcome(
-        self, ctx: JobContext, run: Awaitable[None], cause: Outcome | None = None
-    ) -> tuple[Outcome, BaseException | None]:
-        """Await the run; how it ended. A cancellation is the outcome ``cause`` when a watcher
-        caused it, else it propagates (shutdown)."""
-        try:
-            await run
-        except asyncio.CancelledError:
-            if cause is None:
-                raise
-            return cause, None
-        except _NotStarted:
-            raise
-        except Exception as exc:
-            logger.exception(
-                "job %r run #%d failed on node %s", ctx.job, ctx.iteration, ctx.node_id
-            )
-            return Outcome.FAILED, exc
-        return Outcome.SUCCESS, None
-
-    async def _watch(self, ctx: JobContext) -> tuple[Outcome, BaseException | None]:
-        """Run the job, cancelling it at its timeout or, if so configured, when the lease
-        ends; return how it ended."""
-        run = asyncio.ensure_future(self._invoke(ctx))
-        watchers: dict[asyncio.Future[Any], Outcome] = {}
-        if self.spec.timeout_s is not None:
-            watchers[asyncio.ensure_future(self._clock.sleep(self.spec.timeout_s))] = (
-                Outcome.TIMEOUT
-            )
-        if self.spec.on_leadership_lost == "cancel":
-            watchers[asyncio.ensure_future(ctx.leadership_lost.wait())] = Outcome.CANCELLED
-        try:
-            cause: Outcome | None = None
-            done, _ = await asyncio.wait({run, *watchers}, return_when="FIRST_COMPLETED")
-            if run not in done:
-                cause = next(watchers[w] for w in done if w in watchers)
-                self._log_stop(ctx, cause)
-                run.cancel()
-            return await self._outcome(ctx, run, cause)
-        finally:
-            for watcher in watchers:
-                watcher.cancel()
-            if not run.done():
-                run.cancel()
-                with contextlib.suppress(BaseException):
-                    await run
-
-    def _log_stop(self, ctx: JobContext, cause: Outcome) -> None:
-        if cause is Outcome.TIMEOUT:
-            logger.warning(
-                "job %r run #%d exceeded its timeout of %gs on node %s; cancelling it",
-                ctx.job,
-                ctx.iteration,
-                self.spec.timeout_s,
-                ctx.node_id,
-            )
-        else:
-            logger.warning(
-                "job %r run #%d: node %s lost leadership; cancelling the run",
-                ctx.job,
-                ctx.iteration,
-                ctx.node_id,
-            )
-
-    def _invoke(self, ctx: JobContext) -> Coroutine[Any, Any, None]:
-        call = self.spec.call
-        if call.trivial:  # no dependency to resolve or close: no exit stack on the tick path
-            return self._call(ctx, call.context_arguments(ctx))
-        return self._invoke_with_dependencies(ctx)
-
-    async def _invoke_with_dependencies(self, ctx: JobContext) -> None:
-        async with contextlib.AsyncExitStack() as stack:  # closes `yield` dependencies
-            await self._call(ctx, await self.spec.call.arguments(ctx, self._app, stack))
-
-    async def _call(self, ctx: JobContext, kwargs: dict[str, Any]) -> None:
-        # Last check, with no suspension point between it and the job's first instruction.
-        if not ctx.is_leader:
-            raise _NotStarted
-        try:
-            if self._is_async:
-                await self.spec.func(**kwargs)
-            else:
-                await call_in_thread(
-                    self._executor,
-                    functools.partial(contextvars.copy_context().run, self.spec.func, **kwargs),
-                    on_cancel=functools.partial(
-                        logger.warning,
-                        "job %r run #%d runs in a thread and cannot be cancelled; waiting for it",
-                        ctx.job,
-                        ctx.iteration,
-                    ),
-                )
-        except (SystemExit, KeyboardInterrupt) as exc:
-            # Let through, these would stop the event loop and so the whole service:
-            # a job's sys.exit() is a failed run, nothing more.
-            raise _Escaped(exc) from exc
-
-
-class _Escaped(Exception):
-    """A job raised ``SystemExit`` or ``KeyboardInterrupt``; carried as a failure."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(f"{type(original).__name__}: {original}")
-        self.original = original
-
-
-class _NotStarted(Exception):
-    """The lease ran out between the tick and the start of the job's code."""
-
-
-def _summary(exc: BaseException, limit: int = 300) -> str:
-    if isinstance(exc, _Escaped):
-        exc = exc.original
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -31,6 +31,7 @@ __all__ = [
     "Policy",
     "Schedule",
     "count_instants",
+    "latest_instant",
     "policy_of",
 ]
 
@@ -106,6 +107,31 @@ _MAX_WALKED = 100
 """Most instants ``count_instants`` walks one by one: each step of a cron schedule builds a
 croniter (a fraction of a millisecond), and after a wall-clock step of an hour a per-second
 job would otherwise block the event loop for seconds, long enough to lose its leases."""
+
+
+def latest_instant(schedule: Schedule, after: datetime, now: datetime) -> datetime | None:
+    """The last instant ``t`` of ``schedule`` with ``after < t <= now``, or None.
+
+    Searched back from ``now`` in doubling windows (1 ms, 2 ms, ... up to ``after``), then
+    walked forward through the first window that holds one: a daily cron after months of
+    downtime costs a few dozen ``next_fire`` calls, not one per instant missed."""
+    if now <= after:
+        return None
+    span = timedelta(milliseconds=1)
+    while True:
+        start = max(after, now - span)
+        found = schedule.next_fire(start)
+        if found is not None and found <= now:
+            break
+        if start == after:
+            return None
+        span *= 2
+    for _ in range(_MAX_WALKED):
+        following = schedule.next_fire(found)
+        if following is None or following > now or following <= found:
+            break
+        found = following
+    return found
 
 
 def count_instants(schedule: Schedule, start: datetime, end: datetime, limit: int) -> int:

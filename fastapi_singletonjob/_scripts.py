@@ -11,16 +11,19 @@ replication, the default from Redis 5.0 on.
 
 from __future__ import annotations
 
-__all__ = ["CLAIM", "ELECT", "RELEASE"]
+__all__ = ["CLAIM", "ELECT", "RECORD_RUN", "RELEASE", "SAVE_STATE"]
 
 # Acquire or renew the leases of several jobs for one node, in one round trip.
 #
-# KEYS[2i-1] - lock key of job i       KEYS[2i] - fence key of job i
+# KEYS[3i-2] - lock key of job i   KEYS[3i-1] - fence key of job i   KEYS[3i] - its checkpoint
 # ARGV[1]    - owner id of the caller
-# ARGV[2i]   - lease time of job i, in milliseconds
-# ARGV[2i+1] - the exact lock value the caller holds for job i in its current term, or "" (the
+# ARGV[3i-1] - lease time of job i, in milliseconds
+# ARGV[3i]   - the exact lock value the caller holds for job i in its current term, or "" (the
 #              caller sends "" for a value this library does not write: such a value is never
 #              the caller's, and "" itself is never renewed)
+# ARGV[3i+1] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
+#              the caller holds the lock, its checkpoint's expiry is pushed back to it, so that
+#              only the record of a job that no node leads any more expires
 #
 # For each job, in order, returns three values:
 #   1 if the caller holds the lock after the call (acquired or renewed), 0 if not, -1 if
@@ -40,13 +43,16 @@ ELECT = """
 local owner = ARGV[1]
 local out = {}
 local now_us = nil
-for i = 1, #KEYS / 2 do
-  local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
-  local ttl, held = ARGV[2 * i], ARGV[2 * i + 1]
+for i = 1, #KEYS / 3 do
+  local lock, fence, checkpoint = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local ttl, held, retention = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
   local value = redis.call('GET', lock)
   if value then
     if held ~= '' and value == held then
       redis.call('PEXPIRE', lock, ttl)
+      if retention ~= '' then
+        redis.call('PEXPIRE', checkpoint, retention)
+      end
       table.insert(out, 1)
       table.insert(out, value)
       table.insert(out, tonumber(ttl))
@@ -70,6 +76,9 @@ for i = 1, #KEYS / 2 do
       table.insert(out, -1)
     else
       redis.pcall('SET', fence, token)
+      if retention ~= '' then
+        redis.call('PEXPIRE', checkpoint, retention)
+      end
       table.insert(out, 1)
       table.insert(out, value)
       table.insert(out, tonumber(ttl))
@@ -169,3 +178,77 @@ if type(written) == 'table' and written.err and string.sub(written.err, 1, 8) ==
 end
 return 1
 """
+
+# The start of the checkpoint scripts (see ``_checkpoint``): the fence, then the record's repair.
+#
+# KEYS[1] - lock key of the job        KEYS[2] - checkpoint key of the job (a hash)
+# ARGV[1] - the fencing token of the caller's term, in decimal (never "")
+#
+# Returns -1, having written nothing, unless the lock holds a value of that term: its token is
+# read with the pattern CLAIM and RELEASE use, and compared as text, so tokens up to 2^63 - 1
+# stay exact (Lua numbers are doubles). A checkpoint key of another type, or a hash without a
+# whole-number "iteration" (which HINCRBY could not add to), is not a record: it is deleted,
+# and the write starts a new one. ``read_checkpoint`` reports exactly those as no checkpoint.
+_CHECKPOINT_FENCE = """
+local value = redis.call('GET', KEYS[1])
+if not value or string.match(value, '^(%d+)|') ~= ARGV[1] then
+  return -1
+end
+local kind = redis.call('TYPE', KEYS[2])['ok']
+if kind ~= 'none' then
+  local iteration = kind == 'hash' and redis.call('HGET', KEYS[2], 'iteration')
+  if not iteration or #iteration > 18 or not string.match(iteration, '^%d+$') then
+    redis.call('DEL', KEYS[2])
+  end
+end
+"""
+
+# Record a finished run in the job's checkpoint, if the caller's term still holds the lock.
+#
+# KEYS[1] - lock key of the job        KEYS[2] - checkpoint key of the job
+# ARGV[1] - fencing token of the caller's term     ARGV[2] - node id of the caller
+# ARGV[3] - outcome: "success", "failed", "timeout" or "cancelled"
+# ARGV[4] - the run's scheduled instant, µs since the epoch    ARGV[5] - its end, the same
+# ARGV[6] - the error, already shortened, or "" for none
+# ARGV[7] - retention of the record, in milliseconds
+#
+# Returns -1 (nothing written) when the term no longer holds the lock; else the whole record
+# after the write, as HGETALL returns it. A success adds one to "iteration" and clears
+# "last_error"; any other outcome keeps "iteration" (and every run keeps "state"). All fields
+# are strings, so µs times and tokens stay exact. Each write sets the record's expiry to the
+# retention; ELECT is to refresh it while a node leads the job.
+RECORD_RUN = (
+    _CHECKPOINT_FENCE
+    + """
+local record, success = KEYS[2], ARGV[3] == 'success'
+redis.call('HINCRBY', record, 'iteration', success and 1 or 0)
+redis.call('HSET', record, 'last_outcome', ARGV[3], 'last_scheduled_us', ARGV[4],
+  'last_completed_us', ARGV[5], 'node_id', ARGV[2], 'fencing_token', ARGV[1])
+if success or ARGV[6] == '' then
+  redis.call('HDEL', record, 'last_error')
+else
+  redis.call('HSET', record, 'last_error', ARGV[6])
+end
+redis.call('PEXPIRE', record, ARGV[7])
+return redis.call('HGETALL', record)
+"""
+)
+
+# Replace the state of the job's checkpoint, if the caller's term still holds the lock.
+#
+# KEYS[1] - lock key of the job        KEYS[2] - checkpoint key of the job
+# ARGV[1] - fencing token of the caller's term     ARGV[2] - node id of the caller
+# ARGV[3] - the state, JSON text       ARGV[4] - retention of the record, in milliseconds
+#
+# Returns -1 (nothing written) when the term no longer holds the lock, else 1. Only "state",
+# "node_id" and "fencing_token" change; a record that did not exist starts at iteration 0 (a
+# first run that saves state before it ends).
+SAVE_STATE = (
+    _CHECKPOINT_FENCE
+    + """
+redis.call('HINCRBY', KEYS[2], 'iteration', 0)
+redis.call('HSET', KEYS[2], 'state', ARGV[3], 'node_id', ARGV[2], 'fencing_token', ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
+"""
+)

@@ -6,12 +6,14 @@ here holds a secret: the store is shown by its redacted URL.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
+from ._checkpoint import Checkpoint
 from ._engine import EngineState
 from ._snapshot import EngineSnapshot
 from ._state import DropReason, JobStats, Outcome, RunRecord
@@ -20,16 +22,22 @@ if TYPE_CHECKING:
     from ._jobs import SingletonJobs
 
 __all__ = [
+    "CheckpointStatus",
     "HealthStatus",
     "JobReport",
     "JobStatus",
     "LastRun",
     "NodeStatus",
     "StoreStatus",
+    "add_checkpoints",
     "liveness",
     "node_status",
     "readiness",
 ]
+
+
+CHECKPOINT_READ_S = 1.0
+"""Longest the status waits for the checkpoints from Redis."""
 
 
 class LastRun(BaseModel):
@@ -41,6 +49,25 @@ class LastRun(BaseModel):
     duration_s: float
     outcome: Outcome
     error: str | None = Field(None, description="`Type: message` of a failed run, shortened.")
+
+
+class CheckpointStatus(BaseModel):
+    """A job's checkpoint as stored in Redis (its ``state`` is never shown)."""
+
+    iteration: int = Field(description="Successful runs, cluster-wide.")
+    last_completed_at: datetime | None
+    last_scheduled_at: datetime | None
+    last_outcome: str | None
+    last_error: str | None
+    node_id: str | None = Field(description="The node that wrote it last.")
+    fencing_token: int | None = Field(description="The term that wrote it last.")
+    has_state: bool = Field(description="Whether a state is saved (its value is not shown).")
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint) -> CheckpointStatus:
+        """The status form of ``checkpoint``."""
+        fields = {f.name: getattr(checkpoint, f.name) for f in dataclasses.fields(checkpoint)}
+        return cls(**{**fields, "has_state": fields.pop("state") is not None})
 
 
 class JobStatus(BaseModel):
@@ -68,6 +95,12 @@ class JobStatus(BaseModel):
     dropped: dict[DropReason, int]
     not_leader_ticks: int = Field(description="Ticks that came while another node led.")
     error: str | None = Field(None, description="Why the job stopped on this node, if it did.")
+    checkpoint: CheckpointStatus | None = Field(
+        None,
+        description="The checkpoint as stored in Redis, the same from every replica; null "
+        "before the first run, with checkpoint=False, before startup, or when Redis did not "
+        "answer within a second.",
+    )
 
 
 class StoreStatus(BaseModel):
@@ -160,6 +193,7 @@ def _job_status(jobs: SingletonJobs, name: str, snap: EngineSnapshot | None) -> 
         dropped={reason: stats.dropped[reason] for reason in DropReason},
         not_leader_ticks=stats.not_leader,
         error=None if job is None or job.error is None else repr(job.error),
+        checkpoint=None,
     )
 
 
@@ -188,6 +222,20 @@ def node_status(jobs: SingletonJobs, only: str | None = None) -> NodeStatus:
         store=_store_status(jobs, snap),
         jobs=[_job_status(jobs, name, snap) for name in names],
     )
+
+
+async def add_checkpoints(jobs: SingletonJobs, statuses: list[JobStatus]) -> None:
+    """Fill in the stored checkpoint of each job in ``statuses``: one read each, together,
+    bounded by ``CHECKPOINT_READ_S``; a job whose read fails shows none."""
+    engine = jobs.engine
+    if engine is None:
+        return
+    wanted = [status for status in statuses if jobs.jobs[status.name].checkpoint]
+    reads = [engine.store.read_checkpoint(s.name, timeout_s=CHECKPOINT_READ_S) for s in wanted]
+    results = await asyncio.gather(*reads, return_exceptions=True)
+    for status, read in zip(wanted, results, strict=True):
+        if isinstance(read, Checkpoint):
+            status.checkpoint = CheckpointStatus.of(read)
 
 
 def readiness(jobs: SingletonJobs) -> str | None:

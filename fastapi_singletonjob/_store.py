@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
+from ._checkpoint import DEFAULT_CHECKPOINT_TIMEOUT_S, Checkpoint, MemoryCheckpoints
 from ._clock import Clock
 from ._lease import (
     MAX_TOKEN,
@@ -24,6 +25,7 @@ from ._lease import (
     parse_lock_value,
     shown_lock_value,
 )
+from ._state import Outcome
 
 __all__ = [  # lock values live in _lease; re-exported for the stores' callers
     "DEFAULT_KEEPALIVE_S",
@@ -32,6 +34,7 @@ __all__ = [  # lock values live in _lease; re-exported for the stores' callers
     "DEFAULT_MAX_AHEAD_US",
     "LeaseReply",
     "LeaseRequest",
+    "CheckpointStore",
     "LeaseStore",
     "MemoryLeaseStore",
     "StoreReadOnly",
@@ -64,12 +67,14 @@ class LeaseRequest:
     """Acquire or renew the lease of ``job`` for ``ttl_s`` seconds.
 
     ``held`` is the exact lock value of the caller's current term, if it has one: only that
-    value is renewed, so a lock the caller kept from a term it already ended expires.
+    value is renewed, so a lock the caller kept from a term it already ended expires. While
+    the caller holds the lock, the job's checkpoint (if any) is kept for ``retention_s`` more.
     """
 
     job: str
     ttl_s: float
     held: str | None = None
+    retention_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,63 @@ class LeaseStore(Protocol):
         ...
 
 
+class CheckpointStore(Protocol):
+    """Fenced checkpoint records (``_checkpoint``), kept next to the locks; both stores
+    implement it. Apart from ``LeaseStore`` until the engine uses it, so that the test doubles
+    of ``LeaseStore`` need not implement it before then."""
+
+    async def record_run(
+        self,
+        job: str,
+        token: int,
+        node_id: str,
+        outcome: Outcome,
+        scheduled_at: datetime,
+        completed_at: datetime,
+        error: str | None,
+        retention_s: float,
+        *,
+        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ) -> Checkpoint | None:
+        """Record a finished run of ``job`` in its checkpoint, if the lock still holds a value
+        of term ``token`` (checked inside the store): a success adds one to ``iteration`` and
+        clears ``last_error``, another outcome keeps ``iteration`` and stores ``error`` (cut
+        to ``MAX_ERROR_CHARS``); ``state`` is kept. Sets the record's expiry to
+        ``retention_s`` from now. Returns the record as written, or None when the term is
+        over (nothing written). ``ConnectionError`` past ``timeout_s``: then whether the
+        write happened is unknown."""
+        ...
+
+    async def save_state(
+        self,
+        job: str,
+        token: int,
+        node_id: str,
+        state_json: str,
+        retention_s: float,
+        *,
+        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ) -> bool:
+        """Replace the ``state`` of ``job``'s checkpoint by ``state_json`` (made by
+        ``encode_state``), fenced as ``record_run``; other fields stay. False when the term is
+        over (nothing written)."""
+        ...
+
+    async def read_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """``job``'s checkpoint, or None when there is none (or what is stored is not a
+        record, which is logged; see ``_checkpoint``)."""
+        ...
+
+    async def reset_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """Delete ``job``'s checkpoint, unfenced (an operator's action); True if there was
+        one."""
+        ...
+
+
 @dataclass
 class _MemoryData:
     locks: dict[str, tuple[str, float]] = field(default_factory=dict)  # job key -> value, expiry
@@ -172,13 +234,15 @@ class _MemoryData:
     claimed: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per job key: the last instant claimed (µs) and the token of the term that claimed it."""
     listeners: set[Callable[[], None]] = field(default_factory=set)
+    checkpoints: dict[str, tuple[dict[str, str], float]] = field(default_factory=dict)
+    """Per job key: the checkpoint's fields (as the Redis hash holds them) and its expiry."""
 
 
 # One data set per (clock, URL): instances of one process that share both see each other.
 _SHARED: weakref.WeakKeyDictionary[Clock, dict[str, _MemoryData]] = weakref.WeakKeyDictionary()
 
 
-class MemoryLeaseStore:
+class MemoryLeaseStore(MemoryCheckpoints):
     """In-process lease store for ``memory://`` URLs: one process only, no persistence.
 
     Locks expire on the injected clock. Instances created with the same clock and URL share
@@ -213,6 +277,9 @@ class MemoryLeaseStore:
                 current = (current[0], now + request.ttl_s)
                 self._data.locks[key] = current
                 held = True
+            record = self._data.checkpoints.get(key)
+            if held and request.retention_s is not None and record and record[1] > now:
+                self._data.checkpoints[key] = (record[0], now + request.retention_s)
             replies.append(LeaseReply(request.job, held, current[0], max(current[1] - now, 0.0)))
         await asyncio.sleep(0)  # a real store is a suspension point too
         return replies

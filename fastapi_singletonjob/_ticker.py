@@ -96,6 +96,11 @@ class Ticker:
                 self._arm(slot, 0.0)
             return
         missed, slot.missed = slot.missed, None
+        if not runner.policy.catch_up or runner.spec.misfire == "skip":
+            return
+        if runner.spec.checkpoint:  # what no node ran is known from the stored last run
+            runner.catch_up(missed)
+            return
         if missed is None:
             return
         # The previous leader may have died before running this instant: run it now, once;
@@ -109,6 +114,8 @@ class Ticker:
         slot = self._slots.get(runner.spec.name)
         if slot is not None and runner.policy.after_run and slot.waiting:
             every_s = runner.policy.period_s or 0.0
+            if runner.resume_in_s is not None:  # put off: the previous leader ran recently
+                every_s, runner.resume_in_s = runner.resume_in_s, None
             runner.stats.next_run = self._clock.now() + timedelta(seconds=every_s)
             self._arm(slot, every_s)
 

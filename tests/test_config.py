@@ -957,6 +957,7 @@ def test_defaults_of_a_registered_job() -> None:
 # -- public surface -------------------------------------------------------------------------------
 
 PUBLIC_NAMES = [
+    "Checkpoint",
     "ConfigurationError",
     "Cron",
     "DropReason",
@@ -996,3 +997,159 @@ def test_all_is_the_sorted_list_of_public_names() -> None:
     assert fastapi_singletonjob.__all__ == sorted(public)
     for name in fastapi_singletonjob.__all__:
         assert hasattr(fastapi_singletonjob, name), name
+
+
+# -- issue 15: a configured node id is never replaced; environment errors name the variable ------
+
+
+@pytest.mark.parametrize(
+    "node_id",
+    [pytest.param("", id="empty"), pytest.param("   ", id="blank"), pytest.param(0, id="zero")],
+)
+def test_an_explicit_empty_node_id_is_refused_not_replaced(node_id: object) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        build(node_id=bad(node_id))
+    error = caught.value
+    assert (error.field, error.job) == ("node_id", None)
+    message = str(error)
+    assert message.startswith(f"node_id={node_id!r} ")
+    assert "node_id='web-1'" in message  # the fix: a name...
+    assert "leave node_id unset" in message  # ...or the default
+
+
+def test_an_empty_node_id_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As documented for every variable: ``SINGLETONJOB_NODE_ID=`` in a compose file means
+    "not set", unlike an argument, which the code passed on purpose."""
+    monkeypatch.setenv(ENV + "NODE_ID", "")
+    jobs = build()
+    assert f"-{os.getpid()}-" in jobs.node_id
+    assert jobs.settings.node_id_generated_in == os.getpid()
+
+
+@dataclass(frozen=True)
+class EnvError:
+    env: Mapping[str, str]
+    field: str
+    prefix: str
+    """How the message must begin: the argument, then the variable it was read from."""
+    fragments: tuple[str, ...] = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+ENV_ERRORS = [
+    pytest.param(
+        EnvError(
+            {"HEARTBEAT_INTERVAL": "3s"},
+            "heartbeat_interval",
+            "heartbeat_interval (from SINGLETONJOB_HEARTBEAT_INTERVAL='3s'): ",
+            ("not a number of seconds", "e.g. '3' or '0.5'"),
+        ),
+        id="heartbeat-not-a-number",
+    ),
+    pytest.param(
+        EnvError(
+            {"HEARTBEAT_INTERVAL": "-1"},
+            "heartbeat_interval",
+            "heartbeat_interval (from SINGLETONJOB_HEARTBEAT_INTERVAL='-1'): ",
+            ("heartbeat_interval=-1.0 must be",),
+        ),
+        id="heartbeat-negative",
+    ),
+    pytest.param(
+        EnvError(
+            {"HEARTBEAT_INTERVAL": "5", "LOCK_EXPIRY": "6"},
+            "lock_expiry",
+            "lock_expiry (from SINGLETONJOB_LOCK_EXPIRY='6'): ",
+            ("lock_expiry=6s is too short", "heartbeat_interval came from "),
+        ),
+        id="lock_expiry-too-short",
+    ),
+    pytest.param(
+        EnvError(
+            {"MAX_BACKOFF": "1"},
+            "max_backoff",
+            "max_backoff (from SINGLETONJOB_MAX_BACKOFF='1'): ",
+            ("max_backoff=1s is below heartbeat_interval=3s",),
+        ),
+        id="max_backoff-below-heartbeat",
+    ),
+    pytest.param(
+        EnvError(
+            {"SHUTDOWN_TIMEOUT": "inf"},
+            "shutdown_timeout",
+            "shutdown_timeout (from SINGLETONJOB_SHUTDOWN_TIMEOUT='inf'): ",
+        ),
+        id="shutdown_timeout-inf",
+    ),
+    pytest.param(
+        EnvError({"PRECISION": "1"}, "precision", "precision (from SINGLETONJOB_PRECISION='1'): "),
+        id="precision-too-long",
+    ),
+    pytest.param(
+        EnvError(
+            {"PROJECT": "my app"},
+            "project",
+            "project (from SINGLETONJOB_PROJECT='my app'): ",
+            ("project='my app' is not a valid name",),
+            {"project": None},
+        ),
+        id="project-malformed",
+    ),
+    pytest.param(
+        EnvError(
+            {"NODE_ID": "web\n1"},
+            "node_id",
+            "node_id (from SINGLETONJOB_NODE_ID='web\\n1'): ",
+        ),
+        id="node_id-not-printable",
+    ),
+    pytest.param(
+        EnvError(
+            {"REDIS_URL": "ftp://user:hunter2@h/"},
+            "redis_url",
+            "redis_url (from SINGLETONJOB_REDIS_URL): ",  # no value: it may hold a password
+            ("redis_url='ftp://***@h/' is not supported",),
+            {"redis_url": None},
+        ),
+        id="redis_url-unsupported",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ENV_ERRORS)
+def test_errors_for_environment_values_name_the_argument_and_the_variable(
+    case: EnvError, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in case.env.items():
+        monkeypatch.setenv(ENV + name, value)
+    with pytest.raises(ConfigurationError) as caught:
+        build(**case.kwargs)
+    error = caught.value
+    assert (error.field, error.job) == (case.field, None)
+    message = str(error)
+    assert message.startswith(case.prefix), message
+    for fragment in case.fragments:
+        assert fragment in message, message
+    assert "hunter2" not in message
+    assert "hunter2" not in repr(error)
+
+
+def test_an_error_about_an_argument_names_the_variable_of_the_other_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(ENV + "HEARTBEAT_INTERVAL", "5")
+    with pytest.raises(ConfigurationError) as caught:
+        build(lock_expiry=10)  # the argument is fine alone; the heartbeat makes it too short
+    message = str(caught.value)
+    assert caught.value.field == "lock_expiry"
+    assert message.startswith("lock_expiry=10s is too short for heartbeat_interval=5s")
+    assert message.endswith("; heartbeat_interval came from SINGLETONJOB_HEARTBEAT_INTERVAL='5'"), (
+        message
+    )
+
+
+def test_errors_for_arguments_do_not_mention_the_environment() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        build(heartbeat_interval=-1)
+    assert str(caught.value).startswith("heartbeat_interval=-1 must be")
+    assert "SINGLETONJOB_" not in str(caught.value)

@@ -61,6 +61,7 @@ from typing import Any, Literal, TypeVar
 
 from opentelemetry import metrics, trace
 
+from fastapi_singletonjob._checkpoint import Checkpoint
 from fastapi_singletonjob._config import Settings
 from fastapi_singletonjob._context import JobContext
 from fastapi_singletonjob._engine import Engine
@@ -612,6 +613,7 @@ def make_spec(name: str, config: JobConfig) -> JobSpec:
         schedule=make_schedule(config.kind),
         kind=config.kind,
         on_leadership_lost=config.policy,
+        checkpoint=False,  # the simulation checks the claims; checkpoints have their own tests
     )
 
 
@@ -691,6 +693,20 @@ class NodeStore:
 
     async def aclose(self) -> None:
         pass
+
+    # The simulated jobs keep no checkpoint (make_spec): these are never called.
+
+    async def record_run(self, *args: object, **kwargs: object) -> Checkpoint | None:
+        raise AssertionError("the simulated jobs keep no checkpoint")
+
+    async def save_state(self, *args: object, **kwargs: object) -> bool:
+        raise AssertionError("the simulated jobs keep no checkpoint")
+
+    async def read_checkpoint(self, *args: object, **kwargs: object) -> Checkpoint | None:
+        raise AssertionError("the simulated jobs keep no checkpoint")
+
+    async def reset_checkpoint(self, *args: object, **kwargs: object) -> bool:
+        raise AssertionError("the simulated jobs keep no checkpoint")
 
 
 class _TermTelemetry(Telemetry):
