@@ -1,0 +1,296 @@
+"""Checkpoints as jobs see them: ctx.checkpoint, ctx.iteration, ctx.save_state, misfire
+policies and interval spacing across leaders (fake clock, memory store: zero real time)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from fastapi_singletonjob import (
+    Checkpoint,
+    ConfigurationError,
+    JobContext,
+    LeadershipLost,
+    SingletonJobs,
+    UsageError,
+)
+from fastapi_singletonjob.testing import FakeClock
+
+START = datetime(2026, 3, 1, 0, 59, 30, tzinfo=timezone.utc)  # 30 s before 01:00
+
+Factory = Callable[..., SingletonJobs]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+async def make(clock: FakeClock, request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
+    made: list[SingletonJobs] = []
+    url = f"memory://{abs(hash(request.node.nodeid))}"
+
+    def factory(node_id: str = "a", **kwargs: Any) -> SingletonJobs:
+        jobs = SingletonJobs(
+            url,
+            project="cp",
+            node_id=node_id,
+            clock=clock,
+            heartbeat_interval=1.0,
+            lock_expiry=3.0,
+            shutdown_timeout=2.0,
+            **kwargs,
+        )
+        made.append(jobs)
+        return jobs
+
+    yield factory
+    for jobs in made:
+        await stop(jobs, clock)
+
+
+async def stop(jobs: SingletonJobs, clock: FakeClock) -> None:
+    """Stop while the fake clock keeps moving (shutdown waits on it)."""
+    task = asyncio.create_task(jobs.stop())
+    while not task.done():
+        await clock.advance(0.05)
+    await task
+
+
+def kill(jobs: SingletonJobs) -> None:
+    """Stop electing and ticking without releasing anything: a hard kill, as the others see it."""
+    engine = jobs.engine
+    assert engine is not None and engine.election_task is not None
+    assert engine.timer_task is not None
+    engine.election_task.cancel()
+    engine.timer_task.cancel()
+
+
+async def test_state_and_iteration_continue_across_nodes(make: Factory, clock: FakeClock) -> None:
+    seen: list[tuple[str, int, object]] = []
+
+    def define(node: str) -> SingletonJobs:
+        jobs = make(node)
+
+        @jobs.interval("export", every=1.0)
+        async def export(ctx: JobContext) -> None:
+            cursor = ctx.checkpoint.state if ctx.checkpoint else None
+            seen.append((ctx.node_id, ctx.iteration, cursor))
+            await ctx.save_state({"after": (cursor or {"after": 0})["after"] + 1})  # type: ignore[index]
+
+        return jobs
+
+    a, b = define("a"), define("b")
+    await a.start()
+    await clock.advance(2.5)
+    await b.start()
+    await stop(a, clock)  # graceful: b leads within a round trip
+    await clock.advance(2.0)
+    nodes = [node for node, _, _ in seen]
+    assert nodes[:3] == ["a", "a", "a"] and nodes[3:] == ["b"] * (len(seen) - 3)
+    assert len(seen) >= 5
+    assert [iteration for _, iteration, _ in seen] == list(range(1, len(seen) + 1)), "cluster-wide"
+    assert [state for _, _, state in seen] == [None] + [{"after": n} for n in range(1, len(seen))]
+    stored = await b.checkpoint("export")
+    assert stored is not None and stored.iteration == len(seen)
+    assert stored.state == {"after": len(seen)}
+    assert stored.node_id == "b" and stored.last_outcome == "success"
+
+
+async def test_a_failed_run_keeps_iteration_and_state_and_records_its_error(
+    make: Factory, clock: FakeClock
+) -> None:
+    jobs = make()
+    outcomes = iter([None, "boom", None])
+
+    @jobs.interval("flaky", every=1.0)
+    async def flaky(ctx: JobContext) -> None:
+        await ctx.save_state(ctx.iteration)
+        error = next(outcomes)
+        if error:
+            raise RuntimeError(error)
+
+    await jobs.start()
+    await clock.advance(0.5)
+    first = await jobs.checkpoint("flaky")
+    await clock.advance(1.0)
+    failed = await jobs.checkpoint("flaky")
+    await clock.advance(1.0)
+    after = await jobs.checkpoint("flaky")
+    assert first is not None and failed is not None and after is not None
+    assert (first.iteration, first.state, first.last_outcome) == (1, 1, "success")
+    # The failed run saved state 2 before it raised: the save stands (it was durable when it
+    # returned), the run is not counted.
+    assert (failed.iteration, failed.state, failed.last_outcome) == (1, 2, "failed")
+    assert failed.last_error == "RuntimeError: boom"
+    assert (after.iteration, after.state, after.last_error) == (2, 2, None)
+
+
+async def test_save_state_after_the_term_ended_raises_and_changes_nothing(
+    make: Factory, clock: FakeClock
+) -> None:
+    a, b = make("a"), make("b")
+    errors: list[BaseException] = []
+    resume = asyncio.Event()
+
+    @a.interval("long", every=100.0)
+    async def long_a(ctx: JobContext) -> None:
+        await ctx.save_state("a-start")
+        await resume.wait()  # meanwhile a is cut off and b takes over
+        try:
+            await ctx.save_state("a-late")
+        except LeadershipLost as exc:
+            errors.append(exc)
+
+    @b.interval("long", every=100.0)
+    async def long_b(ctx: JobContext) -> None:
+        await ctx.save_state("b")
+
+    await a.start()
+    await clock.advance(0.5)
+    await b.start()
+    kill(a)  # a's run goes on, but a renews nothing any more
+    await clock.advance(10.0)
+    assert (await b.checkpoint("long")) is not None
+    resume.set()
+    await clock.advance(0.5)
+    assert len(errors) == 1 and "long" in str(errors[0])
+    stored = await b.checkpoint("long")
+    assert stored is not None and stored.state == "b" and stored.node_id == "b"
+
+
+async def test_bad_states_fail_before_the_store_and_opting_out_has_no_state(
+    make: Factory, clock: FakeClock
+) -> None:
+    jobs = make()
+    errors: dict[str, BaseException] = {}
+
+    @jobs.interval("picky", every=100.0)
+    async def picky(ctx: JobContext) -> None:
+        for name, value in {"set": {1, 2}, "big": "x" * (64 * 1024), "nan": float("nan")}.items():
+            try:
+                await ctx.save_state(value)
+            except ConfigurationError as exc:
+                errors[name] = exc
+
+    @jobs.interval("fast", every=100.0, checkpoint=False)
+    async def fast(ctx: JobContext) -> None:
+        assert ctx.checkpoint is None
+        try:
+            await ctx.save_state(1)
+        except UsageError as exc:
+            errors["opted-out"] = exc
+
+    await jobs.start()
+    await clock.advance(0.5)
+    assert sorted(errors) == ["big", "nan", "opted-out", "set"]
+    assert all("picky" in str(errors[name]) for name in ("big", "nan", "set"))
+    assert "checkpoint=False" in str(errors["opted-out"])
+    assert await jobs.checkpoint("fast") is None
+    stored = await jobs.checkpoint("picky")
+    assert stored is not None and stored.state is None and stored.iteration == 1
+
+
+async def test_checkpoint_and_reset_work_before_startup_and_name_unknown_jobs(
+    make: Factory, clock: FakeClock
+) -> None:
+    jobs = make()
+
+    @jobs.interval("job", every=1.0)
+    async def job(ctx: JobContext) -> None:
+        await ctx.save_state(ctx.iteration)
+
+    assert await jobs.checkpoint("job") is None
+    await jobs.start()
+    await clock.advance(1.5)
+    await stop(jobs, clock)
+    stored = await jobs.checkpoint("job")  # stopped: a store is opened for the call
+    assert isinstance(stored, Checkpoint) and stored.iteration == 2
+    assert await jobs.reset_checkpoint("job") is True
+    assert await jobs.checkpoint("job") is None
+    with pytest.raises(KeyError, match="nope"):
+        await jobs.checkpoint("nope")
+
+
+def cron_jobs(make: Factory, node: str, runs: list[datetime], **options: Any) -> SingletonJobs:
+    jobs = make(node)
+
+    @jobs.cron("hourly", "0 * * * *", **options)
+    async def hourly(ctx: JobContext) -> None:
+        runs.append(ctx.scheduled_at)
+
+    return jobs
+
+
+def at(hour: int) -> datetime:
+    return datetime(2026, 3, 1, hour, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"misfire": "skip"}, [at(1), at(5)]),
+        ({}, [at(1), at(4), at(5)]),  # run_once, the default: the latest missed instant
+        ({"misfire": "run_once", "misfire_grace": 10}, [at(1), at(5)]),  # 04:00 is 30 s late
+        ({"misfire": "catch_up", "misfire_grace": 3 * 3600}, [at(1), at(2), at(3), at(4), at(5)]),
+        ({"misfire": "catch_up", "misfire_grace": 5400}, [at(1), at(3), at(4), at(5)]),
+    ],
+    ids=["skip", "run_once", "run_once-grace", "catch_up", "catch_up-grace"],
+)
+async def test_a_fleet_starting_after_downtime_applies_the_misfire_policy(
+    make: Factory, clock: FakeClock, options: dict[str, Any], expected: list[datetime]
+) -> None:
+    runs: list[datetime] = []
+    first = cron_jobs(make, "a", runs, **options)
+    await first.start()
+    await clock.advance(60.0)  # 01:00:30: ran 01:00
+    await stop(first, clock)
+    clock.jump_wall(3 * 3600.0)  # the whole fleet is down until 04:00:30 (02:00-04:00 missed)
+    second = cron_jobs(make, "b", runs, **options)
+    await second.start()
+    await clock.advance(3600.0)  # and on through 05:00
+    assert runs == expected
+    assert len(set(runs)) == len(runs), "no instant twice"
+
+
+async def test_catch_up_needs_a_grace_and_a_checkpoint(make: Factory) -> None:
+    jobs = make()
+    with pytest.raises(ConfigurationError, match="misfire_grace"):
+        jobs.cron("c", "0 * * * *", misfire="catch_up")(lambda: None)
+    with pytest.raises(ConfigurationError, match="checkpoint=False"):
+        jobs.cron("d", "0 * * * *", misfire="catch_up", misfire_grace=60, checkpoint=False)(
+            lambda: None
+        )
+    with pytest.raises(ConfigurationError, match="'often'"):
+        jobs.cron("e", "0 * * * *", misfire="often")(lambda: None)  # type: ignore[arg-type]
+
+
+async def test_an_interval_jobs_new_leader_waits_out_the_period(
+    make: Factory, clock: FakeClock
+) -> None:
+    starts: list[tuple[str, float]] = []
+
+    def define(node: str) -> SingletonJobs:
+        jobs = make(node)
+
+        @jobs.interval("every-10s", every=10.0)
+        async def job(ctx: JobContext) -> None:
+            starts.append((ctx.node_id, clock.monotonic()))
+
+        return jobs
+
+    a, b = define("a"), define("b")
+    await a.start()
+    await clock.advance(0.5)
+    await b.start()
+    await clock.advance(1.0)
+    await stop(a, clock)  # b leads at once, 1.5 s after a's run
+    await clock.advance(20.0)
+    (a_at,), b_at = [t for n, t in starts if n == "a"], [t for n, t in starts if n == "b"]
+    assert b_at and b_at[0] - a_at == pytest.approx(10.0, abs=0.1), "not 1.5 s after a's run"
+    assert b_at[1] - b_at[0] == pytest.approx(10.0, abs=0.1)
