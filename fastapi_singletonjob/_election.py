@@ -177,7 +177,7 @@ class Elector:
                 lease.retention_s,
             )
             for lease in self.leases.values()
-            if lease.wanted
+            if lease.wanted and (self.terms.acquiring or lease.token is not None)
         ]
         sent_at = self._clock.monotonic()
         try:

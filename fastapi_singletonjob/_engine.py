@@ -216,6 +216,7 @@ class Engine:
         """Shut down in the order described in the module docstring; never raises for a
         job's misbehaviour."""
         self.state = EngineState.DRAINING
+        self.elector.terms.acquiring = False  # from now on no new term, and no new run
         for runner in self.runners.values():
             runner.closed = True
         self.ticker.stop_waiting()

@@ -45,6 +45,9 @@ class Terms:
         self._clock = clock
         self._telemetry = telemetry
         self._warned_twin = False
+        self.acquiring = True
+        """False once the node has begun shutting down: it keeps the terms it has (their runs
+        are in flight) and starts none."""
         self.on_term_started: Callable[[str], None] | None = None
         """Called with the job's name when this node starts a term (the timer listens)."""
 
@@ -167,6 +170,8 @@ class Terms:
                 self.end(lease, "the lock holds a value this library did not write")
             return
         lease.value = reply.value
+        if lease.token is None and not self.acquiring:
+            lease.wanted = False  # shutting down: never a new term; released after the round
         if not lease.wanted:
             return  # resigned while this round was in flight: released right after it
         if lease.token is None and token == lease.ended_token:

@@ -335,3 +335,26 @@ def test_backoff_never_exceeds_the_cap() -> None:
 def test_lease_deadline_is_before_the_server_expiry(ttl: float) -> None:
     deadline = lease_deadline(100.0, ttl)
     assert 100.0 < deadline < 100.0 + ttl * (1 - 1e-3)
+
+
+async def test_a_node_that_stopped_acquiring_keeps_its_terms_and_starts_none(
+    clock: FakeClock,
+) -> None:
+    """Shutdown (draining) sets ``acquiring`` off: held leases are still renewed for the runs
+    in flight, free locks are not requested, and a grant that was already on its way (a round
+    sent before) starts no term: the lock is released after that round."""
+    node = Node("a", clock, jobs=("held", "free", "late"))
+    node.elector.leases["free"].wanted = node.elector.leases["late"].wanted = False
+    await node.elector.round()
+    assert node.leads("held")
+    node.elector.leases["free"].wanted = node.elector.leases["late"].wanted = True
+    node.elector.terms.acquiring = False
+    sent = clock.monotonic()
+    node.elector.terms.apply([LeaseReply("late", True, "7|a#nonce", TTL)], sent, None)
+    assert not node.leads("late") and not node.elector.leases["late"].wanted
+    for _ in range(3):
+        await node.elector.round()
+        await clock.advance(HEARTBEAT)
+    assert node.leads("held"), "renewed while draining"
+    assert not node.leads("free") and node.elector.leases["free"].terms == 0
+    assert node.elector.leases["free"].holder is None, "never even asked for"
