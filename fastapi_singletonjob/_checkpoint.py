@@ -21,10 +21,10 @@ A hash of strings rather than one JSON document, because Lua's cjson would round
 strings, every value comes back exactly as written.
 
 Writes are fenced: ``_scripts.RECORD_RUN`` and ``_scripts.SAVE_STATE`` write only while the
-job's lock holds a value of the caller's term, checked inside Redis. Each sets the record's
-TTL to the checkpoint retention (``DEFAULT_CHECKPOINT_RETENTION_S``), which the election is to
-refresh for every lock it holds, so that only the record of a job no node leads any more
-expires. ``MemoryLeaseStore`` does the same on its injected clock.
+job's lock holds a value of the caller's term, checked inside Redis (``_checkpoint_store.py``
+has both stores' halves). Each sets the record's TTL to the checkpoint retention, and every
+renewal of the lock by ``ELECT`` pushes it back, so that only the record of a job no node
+leads any more expires. ``MemoryLeaseStore`` does the same on its injected clock.
 
 A record that is not one (a key of another type, a hash without a whole-number
 ``iteration``) reads as no checkpoint (None), with a warning, and the next fenced write
@@ -34,28 +34,19 @@ does not parse reads as None, with a warning. Reading never raises for what it f
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
-from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
-from redis.exceptions import ReadOnlyError, ResponseError
-
-from . import _keys, _scripts
 from ._errors import ConfigurationError
-from ._lease import MAX_TOKEN, parse_lock_value
-from ._state import Outcome
+from ._lease import MAX_TOKEN
 
 if TYPE_CHECKING:
-    from ._clock import Clock
-    from ._store import StoreReadOnly, _MemoryData
+    pass
 
 __all__ = [
     "DEFAULT_CHECKPOINT_RETENTION_S",
@@ -64,10 +55,13 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "Checkpoint",
     "JSONValue",
-    "MemoryCheckpoints",
-    "RedisCheckpoints",
+    "ITERATION_DIGITS",
+    "checked",
+    "digits",
     "encode_state",
+    "not_a_record",
     "to_unix_us",
+    "written",
 ]
 
 logger = logging.getLogger(__name__)
@@ -89,7 +83,7 @@ JSONValue: TypeAlias = Union[  # noqa: UP007 (a recursive alias needs the string
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_US = timedelta(microseconds=1)
-_ITERATION_DIGITS = 18  # HINCRBY's 64 bits; the scripts repair a longer count the same way
+ITERATION_DIGITS = 18  # HINCRBY's 64 bits; the scripts repair a longer count the same way
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +120,7 @@ def _from_us(us: int) -> datetime:
     return _EPOCH + us * _ONE_US
 
 
-def _digits(text: str, most: int = len(str(MAX_TOKEN))) -> int:
+def digits(text: str, most: int = len(str(MAX_TOKEN))) -> int:
     if not (0 < len(text) <= most and text.isascii() and text.isdigit()):
         raise ValueError(f"{text[:30]!r} is not a whole number of at most {most} digits")
     return int(text)
@@ -134,12 +128,12 @@ def _digits(text: str, most: int = len(str(MAX_TOKEN))) -> int:
 
 # Field of the hash -> (attribute of Checkpoint, parser of the field's text).
 _FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "last_completed_us": ("last_completed_at", lambda text: _from_us(_digits(text))),
-    "last_scheduled_us": ("last_scheduled_at", lambda text: _from_us(_digits(text))),
+    "last_completed_us": ("last_completed_at", lambda text: _from_us(digits(text))),
+    "last_scheduled_us": ("last_scheduled_at", lambda text: _from_us(digits(text))),
     "last_outcome": ("last_outcome", str),
     "last_error": ("last_error", str),
     "node_id": ("node_id", str),
-    "fencing_token": ("fencing_token", _digits),
+    "fencing_token": ("fencing_token", digits),
     "state": ("state", json.loads),
 }
 
@@ -149,7 +143,7 @@ def _parse(fields: Mapping[str, str | bytes]) -> tuple[Checkpoint | None, list[s
     the fields that did not parse and read as None."""
     try:
         raw = fields["iteration"]
-        iteration = _digits(raw.decode() if isinstance(raw, bytes) else raw, _ITERATION_DIGITS)
+        iteration = digits(raw.decode() if isinstance(raw, bytes) else raw, ITERATION_DIGITS)
     except (KeyError, ValueError):
         return None, ["iteration"]
     values: dict[str, Any] = {}
@@ -164,13 +158,13 @@ def _parse(fields: Mapping[str, str | bytes]) -> tuple[Checkpoint | None, list[s
     return Checkpoint(iteration, **values), bad
 
 
-def _checked(job: str, fields: Mapping[str, str | bytes] | None) -> Checkpoint | None:
+def checked(job: str, fields: Mapping[str, str | bytes] | None) -> Checkpoint | None:
     """``_parse``, saying what was wrong with the record, if anything."""
     if not fields:
         return None
     checkpoint, bad = _parse(fields)
     if checkpoint is None:
-        _not_a_record(job, "a hash without a whole-number iteration")
+        not_a_record(job, "a hash without a whole-number iteration")
     elif bad:
         logger.warning(
             "the checkpoint of job %r has fields that do not parse (%s): they read as None "
@@ -181,7 +175,7 @@ def _checked(job: str, fields: Mapping[str, str | bytes] | None) -> Checkpoint |
     return checkpoint
 
 
-def _not_a_record(job: str, what: str) -> None:
+def not_a_record(job: str, what: str) -> None:
     logger.warning(
         "the checkpoint key of job %r holds %s, not a record this library writes: it reads as "
         "no checkpoint, and the job's next fenced write replaces it (reset the checkpoint to "
@@ -191,52 +185,10 @@ def _not_a_record(job: str, what: str) -> None:
     )
 
 
-def _written(job: str, fields: Mapping[str, str | bytes]) -> Checkpoint:
-    checkpoint = _checked(job, fields)
+def written(job: str, fields: Mapping[str, str | bytes]) -> Checkpoint:
+    checkpoint = checked(job, fields)
     assert checkpoint is not None, "a fenced write always leaves a whole-number iteration"
     return checkpoint
-
-
-def _shorten_error(error: str | None) -> str:
-    """``error`` cut to ``MAX_ERROR_CHARS``, as text Redis takes ("" for none)."""
-    if not error:
-        return ""
-    if len(error) > MAX_ERROR_CHARS:
-        error = error[: MAX_ERROR_CHARS - 1] + "\u2026"
-    return error.encode(errors="replace").decode()  # a lone surrogate would fail the write
-
-
-def _token_text(token: int) -> str:
-    if isinstance(token, bool) or not isinstance(token, int) or not 0 < token <= MAX_TOKEN:
-        raise ValueError(f"token={token!r} is not a fencing token (1 to {MAX_TOKEN})")
-    return str(token)
-
-
-def _retention_ms(retention_s: float) -> str:
-    if not (isinstance(retention_s, (int, float)) and 0 < retention_s < math.inf):
-        raise ValueError(f"retention_s={retention_s!r} must be a positive number of seconds")
-    return str(max(1, round(retention_s * 1000)))
-
-
-def _run_args(
-    token: int,
-    node_id: str,
-    outcome: Outcome,
-    scheduled_at: datetime,
-    completed_at: datetime,
-    error: str | None,
-    retention_s: float,
-) -> list[str]:
-    """ARGV of ``RECORD_RUN``, checked; the memory store reads the same list."""
-    return [
-        _token_text(token),
-        node_id,
-        Outcome(outcome).value,
-        str(to_unix_us(scheduled_at)),
-        str(to_unix_us(completed_at)),
-        _shorten_error(error),
-        _retention_ms(retention_s),
-    ]
 
 
 def encode_state(job: str, value: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:
@@ -309,219 +261,3 @@ def _why_not_json(value: object, path: str, seen: frozenset[int]) -> str:
     if value is None or isinstance(value, (str, bool, int, float)):
         return ""
     return f"{path} is of type {type(value).__name__}"
-
-
-class MemoryCheckpoints:
-    """The checkpoint methods of ``MemoryLeaseStore``: ``RECORD_RUN`` and ``SAVE_STATE`` in
-    Python, on the store's injected clock (records expire on its ``monotonic()``)."""
-
-    _data: _MemoryData
-    _clock: Clock
-    _key: Callable[[str], str]
-
-    async def record_run(
-        self,
-        job: str,
-        token: int,
-        node_id: str,
-        outcome: Outcome,
-        scheduled_at: datetime,
-        completed_at: datetime,
-        error: str | None,
-        retention_s: float,
-        *,
-        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
-    ) -> Checkpoint | None:
-        """See ``LeaseStore.record_run``; ``timeout_s`` is not used (no I/O)."""
-        args = _run_args(token, node_id, outcome, scheduled_at, completed_at, error, retention_s)
-        await asyncio.sleep(0)  # a real store is a suspension point too
-        record = self._fenced(job, token)
-        if record is None:
-            return None
-        success = args[2] == Outcome.SUCCESS.value
-        record["iteration"] = str(int(record["iteration"]) + success)
-        record.update(
-            last_outcome=args[2],
-            last_scheduled_us=args[3],
-            last_completed_us=args[4],
-            node_id=node_id,
-            fencing_token=args[0],
-        )
-        if success or not args[5]:
-            record.pop("last_error", None)
-        else:
-            record["last_error"] = args[5]
-        self._keep(job, record, args[6])
-        return _written(job, record)
-
-    async def save_state(
-        self,
-        job: str,
-        token: int,
-        node_id: str,
-        state_json: str,
-        retention_s: float,
-        *,
-        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
-    ) -> bool:
-        """See ``LeaseStore.save_state``; ``timeout_s`` is not used (no I/O)."""
-        token_text, retention_ms = _token_text(token), _retention_ms(retention_s)
-        await asyncio.sleep(0)
-        record = self._fenced(job, token)
-        if record is None:
-            return False
-        record.update(state=state_json, node_id=node_id, fencing_token=token_text)
-        self._keep(job, record, retention_ms)
-        return True
-
-    async def read_checkpoint(
-        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> Checkpoint | None:
-        """See ``LeaseStore.read_checkpoint``."""
-        await asyncio.sleep(0)
-        return _checked(job, self._record(job))
-
-    async def reset_checkpoint(
-        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> bool:
-        """See ``LeaseStore.reset_checkpoint``."""
-        await asyncio.sleep(0)
-        found = self._record(job) is not None
-        self._data.checkpoints.pop(self._key(job), None)
-        return found
-
-    def set_checkpoint_fields(self, job: str, fields: Mapping[str, str]) -> None:
-        """Replace ``job``'s record by ``fields``, without expiry, as an operator's ``DEL``
-        and ``HSET`` would (for tests), also with values this library would never write."""
-        self._data.checkpoints[self._key(job)] = (dict(fields), math.inf)
-
-    def _record(self, job: str) -> dict[str, str] | None:
-        """A copy of ``job``'s record, unless it expired."""
-        fields, expiry = self._data.checkpoints.get(self._key(job), (None, 0.0))
-        if fields is None or expiry <= self._clock.monotonic():
-            self._data.checkpoints.pop(self._key(job), None)
-            return None
-        return dict(fields)
-
-    def _fenced(self, job: str, token: int) -> dict[str, str] | None:
-        """``job``'s record to write on, if term ``token`` holds the lock (else None),
-        repaired or started as the scripts do."""
-        lock = self._data.locks.get(self._key(job))
-        if lock is None or lock[1] <= self._clock.monotonic():
-            return None
-        if parse_lock_value(lock[0])[0] != token:
-            return None
-        record = self._record(job)
-        try:
-            _digits(record["iteration"] if record else "0", _ITERATION_DIGITS)
-        except (KeyError, ValueError):
-            record = None
-        return record or {"iteration": "0"}
-
-    def _keep(self, job: str, record: dict[str, str], retention_ms: str) -> None:
-        expiry = self._clock.monotonic() + int(retention_ms) / 1000
-        self._data.checkpoints[self._key(job)] = (record, expiry)
-
-
-class RedisCheckpoints:
-    """The checkpoint methods of ``RedisLeaseStore``: one call each, on the claims' pool
-    (never the election's), bounded by ``timeout_s``."""
-
-    _claims: Redis
-    _project: str
-    _shown: str
-    _read_only: Callable[[str], Awaitable[StoreReadOnly]]
-
-    @functools.cached_property
-    def _checkpoint_scripts(self) -> tuple[AsyncScript, AsyncScript]:
-        return (
-            self._claims.register_script(_scripts.RECORD_RUN),
-            self._claims.register_script(_scripts.SAVE_STATE),
-        )
-
-    async def record_run(
-        self,
-        job: str,
-        token: int,
-        node_id: str,
-        outcome: Outcome,
-        scheduled_at: datetime,
-        completed_at: datetime,
-        error: str | None,
-        retention_s: float,
-        *,
-        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
-    ) -> Checkpoint | None:
-        """See ``LeaseStore.record_run``: one ``EVALSHA`` of ``RECORD_RUN``."""
-        args = _run_args(token, node_id, outcome, scheduled_at, completed_at, error, retention_s)
-        script = self._checkpoint_scripts[0]
-        reply = await self._checkpoint_call(
-            f"record a run of job {job!r} (whether it did is unknown)",
-            script(keys=self._checkpoint_keys(job), args=args),
-            timeout_s,
-        )
-        if not isinstance(reply, list):  # -1: the term is over
-            return None
-        keys = (key.decode(errors="replace") for key in reply[::2])
-        return _written(job, dict(zip(keys, reply[1::2], strict=True)))
-
-    async def save_state(
-        self,
-        job: str,
-        token: int,
-        node_id: str,
-        state_json: str,
-        retention_s: float,
-        *,
-        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
-    ) -> bool:
-        """See ``LeaseStore.save_state``: one ``EVALSHA`` of ``SAVE_STATE``."""
-        args = [_token_text(token), node_id, state_json, _retention_ms(retention_s)]
-        script = self._checkpoint_scripts[1]
-        reply = await self._checkpoint_call(
-            f"save the state of job {job!r} (whether it did is unknown)",
-            script(keys=self._checkpoint_keys(job), args=args),
-            timeout_s,
-        )
-        return int(reply) == 1
-
-    async def read_checkpoint(
-        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> Checkpoint | None:
-        """See ``LeaseStore.read_checkpoint``: one ``HGETALL``."""
-        key = _keys.checkpoint_key(self._project, job)
-        try:
-            raw: dict[bytes, bytes] = await self._checkpoint_call(
-                f"read the checkpoint of job {job!r}", self._claims.hgetall(key), timeout_s
-            )
-        except ResponseError as exc:
-            if not str(exc).startswith("WRONGTYPE"):
-                raise
-            _not_a_record(job, "a key of another type than hash")
-            return None
-        return _checked(job, {key.decode(errors="replace"): value for key, value in raw.items()})
-
-    async def reset_checkpoint(
-        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> bool:
-        """See ``LeaseStore.reset_checkpoint``: one ``DEL``."""
-        key = _keys.checkpoint_key(self._project, job)
-        deleted = await self._checkpoint_call(
-            f"reset the checkpoint of job {job!r}", self._claims.delete(key), timeout_s
-        )
-        return int(deleted) > 0
-
-    def _checkpoint_keys(self, job: str) -> list[str]:
-        return [_keys.lock_key(self._project, job), _keys.checkpoint_key(self._project, job)]
-
-    async def _checkpoint_call(self, what: str, call: Awaitable[Any], timeout_s: float) -> Any:
-        """Await ``call``; ``ConnectionError`` past ``timeout_s``, ``StoreReadOnly`` from a
-        replica (see ``RedisLeaseStore._read_only``)."""
-        try:
-            return await asyncio.wait_for(call, timeout_s)
-        except asyncio.TimeoutError as exc:
-            raise ConnectionError(
-                f"Redis at {self._shown} did not {what} within {timeout_s:g}s"
-            ) from exc
-        except ReadOnlyError as exc:
-            raise await self._read_only("a read-only replica") from exc

@@ -24,7 +24,7 @@ from ._election import lease_deadline
 from ._errors import ConfigurationError
 from ._redact import check_redis_url, redact_url
 
-__all__ = ["Duration", "Settings", "check_name", "to_grace_s", "to_seconds"]
+__all__ = ["Duration", "Settings", "check_name", "to_seconds"]
 
 logger = logging.getLogger("fastapi_singletonjob")
 
@@ -34,9 +34,6 @@ Duration = timedelta | float | int
 ENV_PREFIX: Final = "SINGLETONJOB_"
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 MIN_PERIOD_S: Final = 0.001
-MIN_MISFIRE_GRACE_S: Final = 0.05
-"""A run starts a few milliseconds after its instant (timer resolution, the event loop's
-other work): a shorter ``misfire_grace`` would drop most or all instants as late."""
 
 MAX_DURATION_S: Final = 10 * 366 * 86400.0
 RENEWALS_IN_A_LEASE: Final = 2.1
@@ -385,24 +382,3 @@ def check_expiry(
             field,
             _ms(recommended_s),
         )
-
-
-def to_grace_s(misfire_grace: Duration | None, job: str) -> float | None:
-    """Validate a job's ``misfire_grace``: None (until the next instant), or at least
-    ``MIN_MISFIRE_GRACE_S`` seconds."""
-    if misfire_grace is None:
-        return None
-    seconds = (
-        misfire_grace.total_seconds() if isinstance(misfire_grace, timedelta) else misfire_grace
-    )
-    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    if number and seconds < MIN_MISFIRE_GRACE_S:  # zero and negatives too: never "on time"
-        raise ConfigurationError(
-            f"misfire_grace={misfire_grace!r} would drop every instant, or most, as late: a "
-            "run always starts a few milliseconds after its instant; pass at least "
-            f"misfire_grace={MIN_MISFIRE_GRACE_S:g} (e.g. misfire_grace=1), or leave it unset "
-            "to let a run start until the next instant",
-            job=job,
-            field="misfire_grace",
-        )
-    return to_seconds(misfire_grace, field="misfire_grace", job=job)

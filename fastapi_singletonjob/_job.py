@@ -5,9 +5,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal
 
-from ._config import MIN_PERIOD_S, Duration, check_expiry, to_grace_s, to_seconds
+from ._config import MIN_PERIOD_S, Duration, check_expiry, to_seconds
 from ._dependencies import JobCall
 from ._errors import ConfigurationError
 from ._schedule import Cron, FixedRate, Interval, Schedule
@@ -22,6 +23,10 @@ __all__ = [
     "fixed_rate_schedule",
     "interval_schedule",
 ]
+
+MIN_MISFIRE_GRACE_S = 0.05
+"""A run starts a few milliseconds after its instant (timer resolution, the event loop's
+other work): a shorter ``misfire_grace`` would drop most or all instants as late."""
 
 LeadershipLostPolicy = Literal["finish", "cancel"]
 MisfirePolicy = Literal["skip", "run_once", "catch_up"]
@@ -197,3 +202,24 @@ class JobOptions:
             misfire=self.misfire,
             checkpoint=self.checkpoint,
         )
+
+
+def to_grace_s(misfire_grace: Duration | None, job: str) -> float | None:
+    """Validate a job's ``misfire_grace``: None (until the next instant), or at least
+    ``MIN_MISFIRE_GRACE_S`` seconds."""
+    if misfire_grace is None:
+        return None
+    seconds = (
+        misfire_grace.total_seconds() if isinstance(misfire_grace, timedelta) else misfire_grace
+    )
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if number and seconds < MIN_MISFIRE_GRACE_S:  # zero and negatives too: never "on time"
+        raise ConfigurationError(
+            f"misfire_grace={misfire_grace!r} would drop every instant, or most, as late: a "
+            "run always starts a few milliseconds after its instant; pass at least "
+            f"misfire_grace={MIN_MISFIRE_GRACE_S:g} (e.g. misfire_grace=1), or leave it unset "
+            "to let a run start until the next instant",
+            job=job,
+            field="misfire_grace",
+        )
+    return to_seconds(misfire_grace, field="misfire_grace", job=job)

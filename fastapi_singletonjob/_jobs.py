@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from fastapi import APIRouter
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from redis.asyncio import Redis
 
 from ._backend import Store, open_store
-from ._checkpoint import Checkpoint
 from ._clock import SYSTEM_CLOCK, Clock
 from ._config import Duration, Settings, check_name
 from ._engine import Engine
-from ._errors import ConfigurationError, JobNotFound, UsageError
+from ._errors import ConfigurationError, UsageError
 from ._job import (
     JobOptions,
     JobSpec,
@@ -31,10 +28,9 @@ from ._job import (
     fixed_rate_schedule,
     interval_schedule,
 )
+from ._operations import Operations
 from ._redact import redact_url
-from ._router import create_router
 from ._schedule import Schedule
-from ._status import NodeStatus, node_status
 from ._telemetry import Telemetry
 
 __all__ = ["SingletonJobs"]
@@ -44,7 +40,7 @@ logger = logging.getLogger("fastapi_singletonjob")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class SingletonJobs:
+class SingletonJobs(Operations):
     """A set of periodic jobs, each run by exactly one replica at a time.
 
     Every argument may also come from the environment (``SINGLETONJOB_REDIS_URL``,
@@ -154,55 +150,6 @@ class SingletonJobs:
         if self._client is not None:
             return "<redis client passed in>"
         return redact_url(self.settings.redis_url or "")
-
-    @functools.cached_property
-    def router(self) -> APIRouter:
-        """The status API and health probes: ``app.include_router(jobs.router, prefix=...)``.
-
-        ``GET /jobs``, ``GET /jobs/{name}``, ``GET /health`` (readiness) and
-        ``GET /health/live`` (liveness); see ``fastapi_singletonjob._router``.
-        """
-        return create_router(self)
-
-    def status(self, job: str | None = None) -> NodeStatus:
-        """A snapshot of this node and its jobs (or only ``job``), as the router serves it."""
-        if job is not None:
-            self._known(job)
-        return node_status(self, only=job)
-
-    async def checkpoint(self, job: str) -> Checkpoint | None:
-        """``job``'s checkpoint as stored, the same from every replica; None before its first
-        run. Works before startup too (it opens a connection for the call)."""
-        self._known(job)
-        async with self._store() as store:
-            return await store.read_checkpoint(job)
-
-    async def reset_checkpoint(self, job: str) -> bool:
-        """Delete ``job``'s checkpoint (an operator's action, not fenced): its next run starts
-        from iteration 1 and no state. True if there was one."""
-        self._known(job)
-        async with self._store() as store:
-            return await store.reset_checkpoint(job)
-
-    def _known(self, job: str) -> None:
-        if job not in self._specs:
-            raise JobNotFound(
-                f"no job named {job!r} is registered; registered jobs: "
-                f"{', '.join(sorted(self._specs)) or 'none'}",
-                field="job",
-            )
-
-    @contextlib.asynccontextmanager
-    async def _store(self) -> AsyncIterator[Store]:
-        """The running engine's store, or one opened for the call."""
-        if self._engine is not None:
-            yield self._engine.store
-            return
-        store = self._open_store()
-        try:
-            yield store
-        finally:
-            await store.aclose()
 
     @property
     def engine(self) -> Engine | None:

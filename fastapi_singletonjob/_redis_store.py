@@ -26,7 +26,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 
 from . import _keys, _scripts
-from ._checkpoint import RedisCheckpoints
+from ._checkpoint_store import RedisCheckpoints
 from ._redact import redact_url
 from ._store import (
     DEFAULT_KEEPALIVE_S,

@@ -16,15 +16,15 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from datetime import datetime, timedelta, timezone
 
-from ._checkpoint import Checkpoint
 from ._clock import Clock
 from ._context import JobContext
 from ._election import Elector
 from ._invoke import Invoker, NotStarted, summary
 from ._job import JobSpec
 from ._lease import LeaseView
+from ._misfire import catch_up, put_off
 from ._progress import Progress, no_checkpoint
-from ._schedule import count_instants, latest_instant, policy_of
+from ._schedule import policy_of
 from ._state import DropReason, JobStats, Outcome, RunRecord
 from ._telemetry import NOT_LEADER, Telemetry
 
@@ -42,14 +42,14 @@ class JobRunner:
 
     __slots__ = (
         "_claimed_term",
-        "_clock",
+        "clock",
         "_elector",
         "_task_name",
         "_invoker",
         "_iteration",
         "closed",
         "resume_in_s",
-        "_progress",
+        "progress",
         "_telemetry",
         "_warned",
         "crashed",
@@ -73,12 +73,12 @@ class JobRunner:
         progress: Progress | None = None,
     ) -> None:
         self.spec = spec
-        self._progress = progress
+        self.progress = progress
         """The job's checkpoint; None with ``checkpoint=False``."""
         self.stats = JobStats()
         self.lease: LeaseView = elector.terms.view(spec.name)
         self._elector = elector
-        self._clock = clock
+        self.clock = clock
         self._invoker = Invoker(spec, clock=clock, executor=executor, app=app)
         self._telemetry = telemetry or Telemetry(elector.node_id)
         self._warned: tuple[str, ...] = ()
@@ -95,7 +95,7 @@ class JobRunner:
         self.on_run_end: Callable[[JobRunner], None] | None = None
         """Called when a run (or an attempt to start one) has ended."""
         self.resume_in_s: float | None = None
-        """Set when an interval job's run was put off (``_space``): the delay to the next."""
+        """Set when an interval job's run was put off (``put_off``): the delay to the next."""
         self.closed = False
         """Set at shutdown: no run starts any more."""
 
@@ -137,7 +137,7 @@ class JobRunner:
         claim = self.policy.claims_every_instant or (
             not self.policy.after_run and self._claimed_term != token
         )
-        self.stats.running_since = started_at = self._clock.now()
+        self.stats.running_since = started_at = self.clock.now()
         self.current = run = asyncio.create_task(
             self._supervise(token, scheduled_at, started_at, claim), name=self._task_name
         )
@@ -158,12 +158,12 @@ class JobRunner:
 
     async def save_state_of(self, ctx: JobContext, value: object) -> None:
         """``ctx.save_state(value)``: a fenced write of the job's state."""
-        if self._progress is None:
+        if self.progress is None:
             raise no_checkpoint(self.spec.name)
         time_left = self._elector.terms.time_left(self.spec.name)
         if not self.is_leader_of(ctx.fencing_token):
             time_left = 0.0
-        await self._progress.save_state(ctx.fencing_token, value, time_left)
+        await self.progress.save_state(ctx.fencing_token, value, time_left)
 
     # -- the run --------------------------------------------------------------------------
 
@@ -173,12 +173,12 @@ class JobRunner:
         """The run's context, with the checkpoint as it stands (read at a term's first run);
         or why the run cannot start."""
         checkpoint = None
-        if self._progress is None:
+        if self.progress is None:
             self._iteration += 1
             iteration = self._iteration
         else:
             try:
-                checkpoint = await self._progress.load(
+                checkpoint = await self.progress.load(
                     token, self._elector.terms.time_left(self.spec.name)
                 )
             except Exception as exc:
@@ -236,7 +236,7 @@ class JobRunner:
                 return DropReason.ALREADY_RUN
             if result == -1 or not self.is_leader_of(token):
                 return DropReason.LEASE_EXPIRED
-            if not self.within_grace(scheduled_at, self._clock.now()):
+            if not self.within_grace(scheduled_at, self.clock.now()):
                 logger.warning(
                     "job %r: instant %s skipped on node %s: the store did not answer within "
                     "its grace, and running it unclaimed could run it twice",
@@ -246,23 +246,23 @@ class JobRunner:
                 )
                 return DropReason.STORE_ERROR
             # Jittered, so that jobs claiming one instant together do not retry in lockstep.
-            await self._clock.sleep(delay_s * (0.5 + random.random()))
+            await self.clock.sleep(delay_s * (0.5 + random.random()))
             delay_s = min(2 * delay_s, 1.0)
 
     async def _supervise(
         self, token: int, scheduled_at: datetime, started_at: datetime, claim: bool
     ) -> None:
         try:
-            await self._attempt(token, scheduled_at, started_at, claim)
+            await self.attempt(token, scheduled_at, started_at, claim)
         finally:
-            self._ended()
+            self.ended()
 
-    async def _attempt(
+    async def attempt(
         self, token: int, scheduled_at: datetime, started_at: datetime, claim: bool
     ) -> None:
         """Claim the instant if asked, read the checkpoint at a term's first run, run."""
         self.stats.running_since = started_at
-        first_of_term = self._progress is not None and not self._progress.loaded_for(token)
+        first_of_term = self.progress is not None and not self.progress.loaded_for(token)
         begun: JobContext | DropReason | None = None
         if claim:
             begun = await self._claim(token, scheduled_at)
@@ -272,32 +272,14 @@ class JobRunner:
             begun = await self._context(token, scheduled_at, started_at)
         if isinstance(begun, DropReason):
             self.drop(begun)
-        elif first_of_term and self.policy.after_run and self._space(begun.checkpoint):
+        elif first_of_term and self.policy.after_run and put_off(self, begun.checkpoint):
             pass  # a new leader waits out the interval since the previous leader's run
         else:
             await self._run(begun)
         self.stats.running_since = None
 
-    def _space(self, checkpoint: Checkpoint | None) -> bool:
-        """Whether an interval job's first run of a term must wait: the stored last run
-        (on any node) ended less than ``every`` ago. Sets ``resume_in_s``."""
-        every_s = self.policy.period_s
-        if checkpoint is None or checkpoint.last_completed_at is None or every_s is None:
-            return False
-        since_s = (self._clock.now() - checkpoint.last_completed_at).total_seconds()
-        if since_s >= every_s:
-            return False
-        self.resume_in_s = every_s - since_s
-        logger.info(
-            "job %r: its last run ended %.3fs ago; node %s runs it in %.3fs",
-            self.spec.name,
-            since_s,
-            self.node,
-            self.resume_in_s,
-        )
-        return True
-
-    def _ended(self) -> None:
+    def ended(self) -> None:
+        """The run in flight (or the catch-up) has ended: the job is idle again."""
         self.current = None
         self.stats.running_since = None
         self._elector.terms.run_ended(self.spec.name)
@@ -313,65 +295,22 @@ class JobRunner:
         stored run, ``missed`` (the last instant this node saw pass while another led) is
         run once, within its grace."""
         token = self.lease.token
-        if self.closed or token is None or self.current is not None or self._progress is None:
+        if self.closed or token is None or self.current is not None or self.progress is None:
             return None
         self.current = task = asyncio.create_task(
-            self._catch_up(token, missed), name=self._task_name
+            catch_up(self, token, missed), name=self._task_name
         )
         self._elector.run_started(self.spec.name)
         return task
 
-    async def _catch_up(self, token: int, missed: datetime | None) -> None:
-        assert self._progress is not None
-        job, schedule = self.spec.name, self.spec.schedule
-        try:
-            try:
-                checkpoint = await self._progress.load(token, self._time_left())
-            except Exception as exc:
-                logger.warning(
-                    "job %r: node %s could not read its checkpoint (%r); instants missed "
-                    "before this term are not run",
-                    job,
-                    self.node,
-                    exc,
-                )
-                return
-            last = checkpoint.last_scheduled_at if checkpoint is not None else None
-            now = self._clock.now()
-            if last is None or self.spec.misfire == "run_once":
-                instant = missed if last is None else latest_instant(schedule, last, now)
-                if instant is not None and self.within_grace(instant, now):
-                    await self._attempt(token, instant, now, claim=True)
-                elif instant is not None:
-                    self.drop(DropReason.LATE)
-                return
-            assert self.spec.misfire_grace_s is not None  # catch_up requires it
-            grace = timedelta(seconds=self.spec.misfire_grace_s)
-            cursor = last  # the instants after it are run in order, each once
-            if now - grace > last:
-                oldest = schedule.next_fire(last)
-                if oldest is not None and oldest < now - grace:
-                    self.drop(DropReason.LATE, count_instants(schedule, oldest, now - grace, 10**4))
-                cursor = now - grace
-            while not self.closed and self.is_leader_of(token):
-                instant, now = schedule.next_fire(cursor), self._clock.now()
-                if instant is None or instant > now or instant <= cursor:
-                    return
-                if now - instant > grace:
-                    self.drop(DropReason.LATE)
-                else:
-                    await self._attempt(token, instant, now, claim=True)
-                cursor = instant
-        finally:
-            self._ended()
-
-    def _time_left(self) -> float:
+    def time_left(self) -> float:
+        """Seconds left on this node's lease of the job (0 when it does not lead)."""
         return self._elector.terms.time_left(self.spec.name)
 
     async def _run(self, ctx: JobContext) -> None:
         outcome: Outcome = Outcome.CANCELLED
         error: BaseException | None = None
-        started = self._clock.monotonic()
+        started = self.clock.monotonic()
         with self._telemetry.run_span(ctx) as span:
             ran = True
             try:
@@ -381,18 +320,18 @@ class JobRunner:
                 span.set_attribute("singletonjob.outcome", DropReason.LEASE_EXPIRED.value)
                 self.drop(DropReason.LEASE_EXPIRED)
             else:
-                if self._progress is not None:  # before the run counts as ended
-                    await self._progress.record(
+                if self.progress is not None:  # before the run counts as ended
+                    await self.progress.record(
                         ctx.fencing_token,
                         outcome,
                         ctx.scheduled_at,
-                        self._clock.now(),
+                        self.clock.now(),
                         None if error is None else summary(error),
-                        self._time_left(),
+                        self.time_left(),
                     )
             finally:
                 if ran:
-                    duration_s = self._clock.monotonic() - started
+                    duration_s = self.clock.monotonic() - started
                     self._telemetry.run_finished(span, ctx.job, outcome, duration_s, error)
                     self._record(ctx, outcome, error, duration_s)
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
-from ._checkpoint import DEFAULT_CHECKPOINT_TIMEOUT_S, Checkpoint, MemoryCheckpoints
+from ._checkpoint import DEFAULT_CHECKPOINT_TIMEOUT_S, Checkpoint
+from ._checkpoint_store import MemoryCheckpoints
 from ._clock import Clock
 from ._lease import (
     MAX_TOKEN,

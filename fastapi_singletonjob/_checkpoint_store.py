@@ -1,0 +1,295 @@
+"""The checkpoint half of both stores: ``RECORD_RUN`` and ``SAVE_STATE`` run by Redis
+(``RedisCheckpoints``) or mimicked in Python on the injected clock (``MemoryCheckpoints``),
+and their arguments. The record itself and its encoding are in ``_checkpoint.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import ReadOnlyError, ResponseError
+
+from . import _keys, _scripts
+from ._checkpoint import (
+    DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ITERATION_DIGITS,
+    MAX_ERROR_CHARS,
+    Checkpoint,
+    checked,
+    digits,
+    not_a_record,
+    to_unix_us,
+    written,
+)
+from ._lease import MAX_TOKEN, parse_lock_value
+from ._state import Outcome
+
+if TYPE_CHECKING:
+    from ._clock import Clock
+    from ._store import StoreReadOnly, _MemoryData
+
+__all__ = ["MemoryCheckpoints", "RedisCheckpoints"]
+
+
+def _shorten_error(error: str | None) -> str:
+    """``error`` cut to ``MAX_ERROR_CHARS``, as text Redis takes ("" for none)."""
+    if not error:
+        return ""
+    if len(error) > MAX_ERROR_CHARS:
+        error = error[: MAX_ERROR_CHARS - 1] + "\u2026"
+    return error.encode(errors="replace").decode()  # a lone surrogate would fail the write
+
+
+def _token_text(token: int) -> str:
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 < token <= MAX_TOKEN:
+        raise ValueError(f"token={token!r} is not a fencing token (1 to {MAX_TOKEN})")
+    return str(token)
+
+
+def _retention_ms(retention_s: float) -> str:
+    if not (isinstance(retention_s, (int, float)) and 0 < retention_s < math.inf):
+        raise ValueError(f"retention_s={retention_s!r} must be a positive number of seconds")
+    return str(max(1, round(retention_s * 1000)))
+
+
+def _run_args(
+    token: int,
+    node_id: str,
+    outcome: Outcome,
+    scheduled_at: datetime,
+    completed_at: datetime,
+    error: str | None,
+    retention_s: float,
+) -> list[str]:
+    """ARGV of ``RECORD_RUN``, checked; the memory store reads the same list."""
+    return [
+        _token_text(token),
+        node_id,
+        Outcome(outcome).value,
+        str(to_unix_us(scheduled_at)),
+        str(to_unix_us(completed_at)),
+        _shorten_error(error),
+        _retention_ms(retention_s),
+    ]
+
+
+class MemoryCheckpoints:
+    """The checkpoint methods of ``MemoryLeaseStore``: ``RECORD_RUN`` and ``SAVE_STATE`` in
+    Python, on the store's injected clock (records expire on its ``monotonic()``)."""
+
+    _data: _MemoryData
+    _clock: Clock
+    _key: Callable[[str], str]
+
+    async def record_run(
+        self,
+        job: str,
+        token: int,
+        node_id: str,
+        outcome: Outcome,
+        scheduled_at: datetime,
+        completed_at: datetime,
+        error: str | None,
+        retention_s: float,
+        *,
+        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ) -> Checkpoint | None:
+        """See ``LeaseStore.record_run``; ``timeout_s`` is not used (no I/O)."""
+        args = _run_args(token, node_id, outcome, scheduled_at, completed_at, error, retention_s)
+        await asyncio.sleep(0)  # a real store is a suspension point too
+        record = self._fenced(job, token)
+        if record is None:
+            return None
+        success = args[2] == Outcome.SUCCESS.value
+        record["iteration"] = str(int(record["iteration"]) + success)
+        record.update(
+            last_outcome=args[2],
+            last_scheduled_us=args[3],
+            last_completed_us=args[4],
+            node_id=node_id,
+            fencing_token=args[0],
+        )
+        if success or not args[5]:
+            record.pop("last_error", None)
+        else:
+            record["last_error"] = args[5]
+        self._keep(job, record, args[6])
+        return written(job, record)
+
+    async def save_state(
+        self,
+        job: str,
+        token: int,
+        node_id: str,
+        state_json: str,
+        retention_s: float,
+        *,
+        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ) -> bool:
+        """See ``LeaseStore.save_state``; ``timeout_s`` is not used (no I/O)."""
+        token_text, retention_ms = _token_text(token), _retention_ms(retention_s)
+        await asyncio.sleep(0)
+        record = self._fenced(job, token)
+        if record is None:
+            return False
+        record.update(state=state_json, node_id=node_id, fencing_token=token_text)
+        self._keep(job, record, retention_ms)
+        return True
+
+    async def read_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """See ``LeaseStore.read_checkpoint``."""
+        await asyncio.sleep(0)
+        return checked(job, self._record(job))
+
+    async def reset_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """See ``LeaseStore.reset_checkpoint``."""
+        await asyncio.sleep(0)
+        found = self._record(job) is not None
+        self._data.checkpoints.pop(self._key(job), None)
+        return found
+
+    def set_checkpoint_fields(self, job: str, fields: Mapping[str, str]) -> None:
+        """Replace ``job``'s record by ``fields``, without expiry, as an operator's ``DEL``
+        and ``HSET`` would (for tests), also with values this library would never write."""
+        self._data.checkpoints[self._key(job)] = (dict(fields), math.inf)
+
+    def _record(self, job: str) -> dict[str, str] | None:
+        """A copy of ``job``'s record, unless it expired."""
+        fields, expiry = self._data.checkpoints.get(self._key(job), (None, 0.0))
+        if fields is None or expiry <= self._clock.monotonic():
+            self._data.checkpoints.pop(self._key(job), None)
+            return None
+        return dict(fields)
+
+    def _fenced(self, job: str, token: int) -> dict[str, str] | None:
+        """``job``'s record to write on, if term ``token`` holds the lock (else None),
+        repaired or started as the scripts do."""
+        lock = self._data.locks.get(self._key(job))
+        if lock is None or lock[1] <= self._clock.monotonic():
+            return None
+        if parse_lock_value(lock[0])[0] != token:
+            return None
+        record = self._record(job)
+        try:
+            digits(record["iteration"] if record else "0", ITERATION_DIGITS)
+        except (KeyError, ValueError):
+            record = None
+        return record or {"iteration": "0"}
+
+    def _keep(self, job: str, record: dict[str, str], retention_ms: str) -> None:
+        expiry = self._clock.monotonic() + int(retention_ms) / 1000
+        self._data.checkpoints[self._key(job)] = (record, expiry)
+
+
+class RedisCheckpoints:
+    """The checkpoint methods of ``RedisLeaseStore``: one call each, on the claims' pool
+    (never the election's), bounded by ``timeout_s``."""
+
+    _claims: Redis
+    _project: str
+    _shown: str
+    _read_only: Callable[[str], Awaitable[StoreReadOnly]]
+
+    @functools.cached_property
+    def _checkpoint_scripts(self) -> tuple[AsyncScript, AsyncScript]:
+        return (
+            self._claims.register_script(_scripts.RECORD_RUN),
+            self._claims.register_script(_scripts.SAVE_STATE),
+        )
+
+    async def record_run(
+        self,
+        job: str,
+        token: int,
+        node_id: str,
+        outcome: Outcome,
+        scheduled_at: datetime,
+        completed_at: datetime,
+        error: str | None,
+        retention_s: float,
+        *,
+        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ) -> Checkpoint | None:
+        """See ``LeaseStore.record_run``: one ``EVALSHA`` of ``RECORD_RUN``."""
+        args = _run_args(token, node_id, outcome, scheduled_at, completed_at, error, retention_s)
+        script = self._checkpoint_scripts[0]
+        reply = await self._checkpoint_call(
+            f"record a run of job {job!r} (whether it did is unknown)",
+            script(keys=self._checkpoint_keys(job), args=args),
+            timeout_s,
+        )
+        if not isinstance(reply, list):  # -1: the term is over
+            return None
+        keys = (key.decode(errors="replace") for key in reply[::2])
+        return written(job, dict(zip(keys, reply[1::2], strict=True)))
+
+    async def save_state(
+        self,
+        job: str,
+        token: int,
+        node_id: str,
+        state_json: str,
+        retention_s: float,
+        *,
+        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ) -> bool:
+        """See ``LeaseStore.save_state``: one ``EVALSHA`` of ``SAVE_STATE``."""
+        args = [_token_text(token), node_id, state_json, _retention_ms(retention_s)]
+        script = self._checkpoint_scripts[1]
+        reply = await self._checkpoint_call(
+            f"save the state of job {job!r} (whether it did is unknown)",
+            script(keys=self._checkpoint_keys(job), args=args),
+            timeout_s,
+        )
+        return int(reply) == 1
+
+    async def read_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """See ``LeaseStore.read_checkpoint``: one ``HGETALL``."""
+        key = _keys.checkpoint_key(self._project, job)
+        try:
+            raw: dict[bytes, bytes] = await self._checkpoint_call(
+                f"read the checkpoint of job {job!r}", self._claims.hgetall(key), timeout_s
+            )
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            not_a_record(job, "a key of another type than hash")
+            return None
+        return checked(job, {key.decode(errors="replace"): value for key, value in raw.items()})
+
+    async def reset_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """See ``LeaseStore.reset_checkpoint``: one ``DEL``."""
+        key = _keys.checkpoint_key(self._project, job)
+        deleted = await self._checkpoint_call(
+            f"reset the checkpoint of job {job!r}", self._claims.delete(key), timeout_s
+        )
+        return int(deleted) > 0
+
+    def _checkpoint_keys(self, job: str) -> list[str]:
+        return [_keys.lock_key(self._project, job), _keys.checkpoint_key(self._project, job)]
+
+    async def _checkpoint_call(self, what: str, call: Awaitable[Any], timeout_s: float) -> Any:
+        """Await ``call``; ``ConnectionError`` past ``timeout_s``, ``StoreReadOnly`` from a
+        replica (see ``RedisLeaseStore._read_only``)."""
+        try:
+            return await asyncio.wait_for(call, timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise ConnectionError(
+                f"Redis at {self._shown} did not {what} within {timeout_s:g}s"
+            ) from exc
+        except ReadOnlyError as exc:
+            raise await self._read_only("a read-only replica") from exc
