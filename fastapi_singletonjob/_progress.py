@@ -69,14 +69,31 @@ class Progress:
     ) -> None:
         """Record a finished run, fenced; a refusal or a store error is logged, and the next
         run reads the stored record again."""
-        if timeout_s <= 0:  # the term is over: the store would refuse the write
-            written = None
-        else:
-            written = await self._write(
-                token, outcome, scheduled_at, completed_at, error, timeout_s
+        self._term = None
+        written = None
+        try:
+            if timeout_s > 0:  # else the term is over, and the store would refuse the write
+                written = await self._store.record_run(
+                    self._job,
+                    token,
+                    self._node_id,
+                    outcome,
+                    scheduled_at,
+                    completed_at,
+                    error,
+                    self._retention_s,
+                    timeout_s=timeout_s,
+                )
+        except Exception as exc:
+            logger.warning(
+                "job %r: node %s could not record its run of %s in the checkpoint: %r",
+                self._job,
+                self._node_id,
+                scheduled_at.isoformat(),
+                exc,
             )
+            return
         if written is None:
-            self._term = None
             logger.warning(
                 "job %r: the run of %s on node %s ended after its term (fencing token %d); "
                 "not recorded, the next leader resumes from the stored checkpoint",
@@ -87,42 +104,6 @@ class Progress:
             )
             return
         self._cached, self._term = written, token
-
-    async def _write(
-        self,
-        token: int,
-        outcome: Outcome,
-        scheduled_at: datetime,
-        completed_at: datetime,
-        error: str | None,
-        timeout_s: float,
-    ) -> Checkpoint | None:
-        try:
-            written: Checkpoint | None = await self._store.record_run(
-                self._job,
-                token,
-                self._node_id,
-                outcome,
-                scheduled_at,
-                completed_at,
-                error,
-                self._retention_s,
-                timeout_s=timeout_s,
-            )
-        except Exception as exc:
-            logger.warning(
-                "job %r: node %s could not record its run of %s in the checkpoint: %r",
-                self._job,
-                self._node_id,
-                scheduled_at.isoformat(),
-                exc,
-            )
-            return None
-        return written
-
-    def forget(self) -> None:
-        """Read the record again at the next run (the term may have changed meanwhile)."""
-        self._term = None
 
     async def save_state(self, token: int, value: object, timeout_s: float) -> None:
         """Fenced write of the job's state (see ``JobContext.save_state``)."""

@@ -46,20 +46,13 @@ local now_us = nil
 for i = 1, #KEYS / 3 do
   local lock, fence, checkpoint = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local ttl, held, retention = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
-  local value = redis.call('GET', lock)
+  local status, value, left = 0, redis.call('GET', lock), nil
   if value then
     if held ~= '' and value == held then
       redis.call('PEXPIRE', lock, ttl)
-      if retention ~= '' then
-        redis.call('PEXPIRE', checkpoint, retention)
-      end
-      table.insert(out, 1)
-      table.insert(out, value)
-      table.insert(out, tonumber(ttl))
+      status, left = 1, tonumber(ttl)
     else
-      table.insert(out, 0)
-      table.insert(out, value)
-      table.insert(out, redis.call('PTTL', lock))
+      left = redis.call('PTTL', lock)
     end
   else
     if not now_us then
@@ -71,19 +64,18 @@ for i = 1, #KEYS / 3 do
     value = token .. '|' .. owner
     local written = redis.pcall('SET', lock, value, 'PX', ttl)
     if type(written) == 'table' and written.err then
-      table.insert(out, -1)
-      table.insert(out, written.err)
-      table.insert(out, -1)
+      status, value, left = -1, written.err, -1
     else
       redis.pcall('SET', fence, token)
-      if retention ~= '' then
-        redis.call('PEXPIRE', checkpoint, retention)
-      end
-      table.insert(out, 1)
-      table.insert(out, value)
-      table.insert(out, tonumber(ttl))
+      status, left = 1, tonumber(ttl)
     end
   end
+  if status == 1 and retention ~= '' then
+    redis.call('PEXPIRE', checkpoint, retention)
+  end
+  table.insert(out, status)
+  table.insert(out, value)
+  table.insert(out, left)
 end
 return out
 """
