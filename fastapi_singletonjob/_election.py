@@ -106,6 +106,10 @@ class Elector:
         if not self._watching:
             self._deadlines_moved.ring()
 
+    def retry_now(self) -> None:
+        """Run a round now instead of waiting out the backoff (the store answers again)."""
+        self._wake.ring()
+
     def wake(self) -> None:
         """Run a round now (a lock was released somewhere)."""
         self._notice_at = self._clock.monotonic()

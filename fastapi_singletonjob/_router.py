@@ -8,12 +8,13 @@ where it is included::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException, Response, status
 
 from ._status import (
+    Health,
     HealthStatus,
     JobReport,
     NodeStatus,
@@ -77,10 +78,22 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
         router,
         "ready",
         "/health",
-        "Readiness probe",
-        "200 when the election loop runs and reached Redis within one lock expiry, else 503 "
-        "with the reason. Followers are ready too.",
-        lambda: readiness(jobs),
+        "Readiness probe: serve HTTP, report degraded jobs",
+        "503 before startup, while draining, or when the election loop is dead; 200 otherwise, "
+        "with status `degraded` and the reason while Redis has not answered for a lock "
+        "expiry: a Redis outage does not take the service out of rotation. Followers are "
+        "ready too.",
+        lambda: readiness(jobs, strict=False),
+        jobs,
+    )
+    _add_probe(
+        router,
+        "ready_jobs",
+        "/health/jobs",
+        "Readiness probe: not ready while the job system is down",
+        "As `/health`, but 503 (not `degraded`) while Redis has not answered for a lock "
+        "expiry: for replicas that exist to run the jobs.",
+        lambda: readiness(jobs, strict=True),
         jobs,
     )
     _add_probe(
@@ -102,13 +115,16 @@ def _add_probe(
     path: str,
     summary: str,
     description: str,
-    check: Callable[[], str | None],
+    check: Callable[[], Awaitable[tuple[Health, str | None]]],
     jobs: SingletonJobs,
 ) -> None:
-    """Add the probe ``name`` at ``path``: 200, or 503 with the reason ``check`` gives."""
+    """Add the probe ``name`` at ``path``: what ``check`` says; 503 when unavailable."""
 
     async def probe(response: Response) -> HealthStatus:
-        return _probe(response, check(), jobs.node_id)
+        health, reason = await check()
+        if health == "unavailable":
+            response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+        return HealthStatus(status=health, reason=reason, node_id=jobs.node_id)
 
     router.add_api_route(
         path,
@@ -120,10 +136,3 @@ def _add_probe(
         responses=_UNAVAILABLE,
         name=name,
     )
-
-
-def _probe(response: Response, reason: str | None, node_id: str) -> HealthStatus:
-    if reason is None:
-        return HealthStatus(status="ok", node_id=node_id)
-    response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    return HealthStatus(status="unavailable", reason=reason, node_id=node_id)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
 from ._checkpoint import Checkpoint
-from ._engine import EngineState
+from ._engine import Engine, EngineState
 from ._snapshot import EngineSnapshot
 from ._state import DropReason, JobStats, Outcome, RunRecord
 
@@ -38,6 +39,9 @@ __all__ = [
 
 CHECKPOINT_READ_S = 1.0
 """Longest the status waits for the checkpoints from Redis."""
+PROBE_WAIT_S = 1.0
+"""Longest a readiness probe waits for the store, and then the election, to answer again."""
+_PROBE_POLL_S = 0.01
 
 
 class LastRun(BaseModel):
@@ -138,11 +142,14 @@ class JobReport(BaseModel):
     job: JobStatus
 
 
-class HealthStatus(BaseModel):
-    """A probe's answer."""
+Health = Literal["ok", "degraded", "unavailable"]
 
-    status: Literal["ok", "unavailable"]
-    reason: str | None = None
+
+class HealthStatus(BaseModel):
+    """A probe's answer: ``ok`` and ``degraded`` are 200, ``unavailable`` is 503."""
+
+    status: Health
+    reason: str | None = Field(None, description="Why it is not ok.")
     node_id: str
 
 
@@ -238,10 +245,43 @@ async def add_checkpoints(jobs: SingletonJobs, statuses: list[JobStatus]) -> Non
             status.checkpoint = CheckpointStatus.of(read)
 
 
-def readiness(jobs: SingletonJobs) -> str | None:
-    """None when ready: the election loop runs and reached the store within one lock
-    expiry; else the reason. Followers are ready too: readiness never depends on leading."""
+async def readiness(jobs: SingletonJobs, *, strict: bool) -> tuple[Health, str | None]:
+    """Whether this node is ready, and why not: ``unavailable`` before startup, while
+    draining, or when the election loop is dead. Trouble with the store (not reached within a
+    lock expiry) makes it ``unavailable`` when ``strict``, else ``degraded``. Before saying so,
+    a PING checks the store now (the election may be waiting out its backoff) and, when it
+    answers, wakes the election: readiness returns with the store, not a backoff later.
+    Followers are ready too: readiness never depends on leading."""
     snap = _snapshot(jobs)
+    reason = _not_serving(snap)
+    if reason is not None:
+        return "unavailable", reason
+    assert snap is not None and jobs.engine is not None
+    reason = _store_trouble(jobs, snap)
+    if reason is None:
+        return "ok", None
+    if await _answers_again(jobs.engine):
+        return "ok", None
+    return ("unavailable" if strict else "degraded"), reason
+
+
+async def _answers_again(engine: Engine) -> bool:
+    """Whether the store answers a PING now and, woken by it, the election completes a round
+    within ``PROBE_WAIT_S``."""
+    elector, began = engine.elector, engine.clock.monotonic()
+    try:
+        await asyncio.wait_for(engine.store.ping(), PROBE_WAIT_S)
+    except Exception:
+        return False
+    elector.retry_now()
+    for _ in range(round(PROBE_WAIT_S / _PROBE_POLL_S)):  # in real time, whatever the clock
+        if elector.failures == 0 and (elector.last_success_at or -math.inf) >= began:
+            return True
+        await asyncio.sleep(_PROBE_POLL_S)
+    return False
+
+
+def _not_serving(snap: EngineSnapshot | None) -> str | None:
     if snap is None:
         return "not started"
     if snap.state is EngineState.DRAINING:
@@ -250,6 +290,10 @@ def readiness(jobs: SingletonJobs) -> str | None:
         return str(snap.state.value)
     if not snap.election_alive:
         return "the election loop is not running"
+    return None
+
+
+def _store_trouble(jobs: SingletonJobs, snap: EngineSnapshot) -> str | None:
     store = snap.store
     if store.last_success_s_ago is None:
         return f"the lease store has not answered yet ({store.last_error or 'connecting'})"
@@ -262,9 +306,14 @@ def readiness(jobs: SingletonJobs) -> str | None:
     return None
 
 
-def liveness(jobs: SingletonJobs) -> str | None:
-    """None when alive; else why a loop of the library is dead or wedged. An unreachable
-    store is *not* a liveness failure: restarting the process would not fix it."""
+async def liveness(jobs: SingletonJobs) -> tuple[Health, str | None]:
+    """``ok``, or ``unavailable`` with the reason a loop of the library is dead or wedged.
+    An unreachable store is *not* a liveness failure: restarting would not fix it."""
+    reason = _dead(jobs)
+    return ("ok", None) if reason is None else ("unavailable", reason)
+
+
+def _dead(jobs: SingletonJobs) -> str | None:
     snap = _snapshot(jobs)
     if snap is None:
         return "not started"

@@ -40,7 +40,9 @@ STARTUP_S = 20.0  # several interpreters importing FastAPI at once, on a busy ma
 EXIT_S = 10.0
 HANDOVER_S = 2.0
 UNREADY_S = LOCK_EXPIRY_S + 1.0
-READY_AGAIN_S = MAX_BACKOFF_S + 2.0
+READY_AGAIN_S = HEARTBEAT_S + 1.0
+"""Readiness is back within a heartbeat and a second of Redis answering again, whatever the
+election's backoff (MAX_BACKOFF_S): a probe checks the store itself and wakes the election."""
 # Longer than the liveness probe's "wedged" threshold, 2 * (lock expiry + max backoff), so that
 # a liveness probe that depended on Redis (directly or through the last success) would fail.
 OUTAGE_S = 2 * (LOCK_EXPIRY_S + MAX_BACKOFF_S) + 0.3
@@ -212,15 +214,16 @@ class Replicas:
         await self._all(answers, replicas, STARTUP_S, "every replica answers HTTP")
 
     async def wait_ready(self, *replicas: Replica, timeout_s: float = STARTUP_S) -> float:
-        """Until each replica's readiness probe answers 200; returns when that was seen."""
+        """Until each replica's strict readiness probe (the job system is up) answers 200;
+        returns when that was seen."""
 
         async def ready(replica: Replica) -> bool:
             if not self.check_running(replica):
                 return False
-            response = await self.get(replica, "/sj/health")
+            response = await self.get(replica, "/sj/health/jobs")
             return response is not None and response.status_code == 200
 
-        return await self._all(ready, replicas, timeout_s, "/sj/health is 200 everywhere")
+        return await self._all(ready, replicas, timeout_s, "/sj/health/jobs is 200 everywhere")
 
     async def _all(
         self,
@@ -413,16 +416,20 @@ async def test_two_workers_of_one_uvicorn_are_two_nodes(
 
 
 async def probe_round(cluster: Replicas, nodes: list[Replica]) -> dict[str, tuple[int, str]]:
-    """Readiness of every replica, after checking that liveness and the application's own
-    route answer 200; returns ``{name: (readiness code, reason)}``."""
+    """The strict readiness (``/sj/health/jobs``) of every replica, after checking that
+    liveness, the default readiness (``/sj/health``: serve HTTP, report degraded jobs) and the
+    application's own route answer 200; returns ``{name: (strict code, reason)}``."""
     result = {}
     for replica in nodes:
-        live, ready, own = await asyncio.gather(
+        live, serving, ready, own = await asyncio.gather(
             cluster.probe(replica, "/sj/health/live"),
             cluster.probe(replica, "/sj/health"),
+            cluster.probe(replica, "/sj/health/jobs"),
             cluster.get(replica, "/ledger"),
         )
         assert live[0] == 200, f"{replica.name} liveness: {live}\n{cluster.describe()}"
+        assert serving[0] == 200, f"{replica.name} left rotation: {serving}"
+        assert serving[1].status == ("ok" if ready[0] == 200 else "degraded"), serving
         assert own is not None and own.status_code == 200, f"{replica.name} /ledger: {own}"
         result[replica.name] = (ready[0], ready[1].reason or "")
     return result
@@ -450,7 +457,7 @@ async def test_probes_follow_a_redis_outage(
                 unready_at[name] = time.monotonic() - killed_at
         return len(unready_at) == len(nodes)
 
-    await wait_until(all_unready, UNREADY_S, "/sj/health is 503 everywhere", poll_s=POLL_S)
+    await wait_until(all_unready, UNREADY_S, "/sj/health/jobs is 503 everywhere", poll_s=POLL_S)
 
     # Through the outage: never ready again, always alive, serving, and no node leads.
     while time.monotonic() - killed_at < OUTAGE_S:
@@ -465,7 +472,7 @@ async def test_probes_follow_a_redis_outage(
     restarted_at = time.monotonic()
     ready_at = await replicas.wait_ready(*nodes, timeout_s=READY_AGAIN_S)
     print(
-        "Redis outage: /sj/health 503 after "
+        "Redis outage: /sj/health/jobs 503 after "
         + ", ".join(f"{name} {s * 1000:.0f} ms" for name, s in sorted(unready_at.items()))
         + f"; 200 again {(ready_at - restarted_at) * 1000:.0f} ms after the restart"
     )

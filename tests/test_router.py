@@ -98,7 +98,7 @@ def answers(client: httpx.AsyncClient, path: str, status: int) -> Callable[[], A
 
 
 async def ready(client: httpx.AsyncClient, prefix: str = PREFIX) -> None:
-    await wait_until(answers(client, f"{prefix}/health", 200), SETTLE_S, "the node is ready")
+    await wait_until(answers(client, f"{prefix}/health/jobs", 200), SETTLE_S, "the node is ready")
 
 
 def parse(instant: str) -> datetime:
@@ -314,13 +314,15 @@ async def test_readiness_waits_for_the_first_answer_of_the_store(
         engine = jobs.engine
         assert engine is not None
         await wait_until(lambda: engine.elector.failures >= 1, SETTLE_S, "a round timed out")
-        body = await get_json(client, f"{PREFIX}/health", 503)
+        body = await get_json(client, f"{PREFIX}/health/jobs", 503)
         assert body["status"] == "unavailable"
         assert body["reason"].startswith("the lease store has not answered yet")
+        degraded = await get_json(client, f"{PREFIX}/health")  # 200: HTTP is served
+        assert degraded == {**body, "status": "degraded"}
         assert (await get_json(client, f"{PREFIX}/health/live"))["status"] == "ok"
         server.resume()
         await ready(client)
-        assert (await get_json(client, f"{PREFIX}/health"))["reason"] is None
+        assert (await get_json(client, f"{PREFIX}/health/jobs"))["reason"] is None
 
 
 async def test_readiness_fails_one_lock_expiry_after_redis_died_while_liveness_holds(
@@ -336,16 +338,18 @@ async def test_readiness_fails_one_lock_expiry_after_redis_died_while_liveness_h
 
         async def unready() -> bool:
             live.append((await client.get(f"{PREFIX}/health/live")).status_code)
-            return (await client.get(f"{PREFIX}/health")).status_code == 503
+            return (await client.get(f"{PREFIX}/health/jobs")).status_code == 503
 
         noticed_at = await wait_until(
             unready, LOCK_EXPIRY_S + 2.0, "readiness fails after one lock expiry"
         )
-        body = await get_json(client, f"{PREFIX}/health", 503)
+        body = await get_json(client, f"{PREFIX}/health/jobs", 503)
+        degraded = await get_json(client, f"{PREFIX}/health")
         node = await get_json(client, f"{PREFIX}/jobs")
         live.append((await client.get(f"{PREFIX}/health/live")).status_code)
     assert noticed_at - killed_at > LOCK_EXPIRY_S - 2 * HEARTBEAT_S, "no flap on one failed round"
     assert body["reason"].startswith("the lease store last answered")
+    assert degraded["status"] == "degraded" and degraded["reason"].startswith("the lease store")
     assert "lock_expiry=0.5s" in body["reason"]
     assert "Error" in body["reason"], "names the store's error"
     assert set(live) == {200}, "an unreachable Redis is not a liveness failure"
@@ -442,6 +446,7 @@ ALL_PATHS = (
     f"{PREFIX}/jobs/tick",
     f"{PREFIX}/jobs/nope",
     f"{PREFIX}/health",
+    f"{PREFIX}/health/jobs",
     f"{PREFIX}/health/live",
     "/openapi.json",
 )
@@ -472,7 +477,7 @@ async def test_no_password_in_any_answer_even_when_redis_refuses_it(
         await wait_until(lambda: engine.elector.failures >= 1, SETTLE_S, "auth refused")
         text = await bodies(client_good) + await bodies(client_bad)
         refused = await get_json(client_bad, f"{PREFIX}/jobs")
-        reason = (await get_json(client_bad, f"{PREFIX}/health", 503))["reason"]
+        reason = (await get_json(client_bad, f"{PREFIX}/health/jobs", 503))["reason"]
         store_url = (await get_json(client_good, f"{PREFIX}/jobs"))["store"]["url"]
     assert "uth" in refused["store"]["error"], "the refusal is shown (AuthenticationError)"
     assert "has not answered yet" in reason

@@ -44,7 +44,7 @@ async def rejected_credentials(
     began = now()
     await cluster.sleep(window_s)
     fails = [e for e in node.events() if e.ev == "fail" and began <= e.t <= began + window_s]
-    ready = await cluster.get(node, "/sj/health")
+    ready = await cluster.get(node, "/sj/health/jobs")
     first_warning = next(
         (line for line in node.output().splitlines() if "cannot reach the lease store" in line),
         "",

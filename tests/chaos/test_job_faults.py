@@ -79,7 +79,7 @@ async def test_row27_sync_job_hangs_past_its_timeout(cluster: Cluster, record: R
     run = await cluster.mid_run(JOB, leader)
     replica = cluster.replica_of(leader)
     await cluster.sleep(run.start + 1.0 - now())
-    health = await cluster.get(replica, "/sj/health")
+    health = await cluster.get(replica, "/sj/health/jobs")
     live = await cluster.get(replica, "/sj/health/live")
     await cluster.wait(lambda: cluster.in_flight(JOB, leader) is None, 10, "the thread returns")
     await cluster.until_runs(JOB, 1, since=now(), timeout_s=5)

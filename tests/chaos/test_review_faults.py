@@ -115,7 +115,7 @@ async def probe_all(cluster: Cluster) -> dict[str, Any]:
     seen: dict[str, Any] = {"live": [], "ready": [], "leads_tick": [], "holder_chars": []}
     for replica in cluster.replicas.values():
         live = await cluster.get(replica, "/sj/health/live")
-        ready = await cluster.get(replica, "/sj/health")
+        ready = await cluster.get(replica, "/sj/health/jobs")
         jobs = await cluster.get(replica, "/sj/jobs")
         seen["live"].append(None if live is None else live.status_code)
         seen["ready"].append(None if ready is None else ready.status_code)
@@ -394,13 +394,13 @@ async def test_row46_node_on_a_read_only_replica(cluster: Cluster, record: Resul
     await cluster.one_leader(JOB)
     watch_from = now()
     await cluster.sleep(1.0)
-    ready = await cluster.get(r, "/sj/health")
+    ready = await cluster.get(r, "/sj/health/jobs")
     live = await cluster.get(r, "/sj/health/live")
     runs_meanwhile = started_between(cluster.runs(JOB), watch_from, now())
     # The others gone, the lock expires: still the node on the replica never leads.
     killed_at = max(n.kill() for n in nodes)
     await cluster.sleep(3 * t.lock_expiry)
-    alone = await cluster.get(r, "/sj/health")
+    alone = await cluster.get(r, "/sj/health/jobs")
     attempts = [e for e in r.events() if e.ev == "fail"]
     refused = sum("StoreReadOnly" in line and "WARNING" in line for line in r.output().splitlines())
     assert ready is not None and live is not None and alone is not None

@@ -159,7 +159,7 @@ async def test_row16_redis_down_when_the_apps_start(cluster: Cluster, record: Re
     await cluster.ready(*nodes)  # the lifespan's startup does not wait for Redis
     for node in nodes:
         live = await cluster.get(node, "/sj/health/live")
-        ready = await cluster.get(node, "/sj/health")
+        ready = await cluster.get(node, "/sj/health/jobs")
         assert live is not None and live.status_code == 200
         assert ready is not None and ready.status_code == 503, ready
         assert "lease store" in ready.json()["reason"]
@@ -171,10 +171,10 @@ async def test_row16_redis_down_when_the_apps_start(cluster: Cluster, record: Re
     first = await cluster.first_run(JOB, after=up_at, newer_than=0, timeout_s=10)
 
     async def all_ready() -> bool:
-        answers = [await cluster.get(node, "/sj/health") for node in nodes]
+        answers = [await cluster.get(node, "/sj/health/jobs") for node in nodes]
         return all(a is not None and a.status_code == 200 for a in answers)
 
-    ready_at = await cluster.wait(all_ready, 5, "/sj/health is 200 everywhere")
+    ready_at = await cluster.wait(all_ready, 5, "/sj/health/jobs is 200 everywhere")
     record.add(
         "16",
         "redis-down-at-startup",
