@@ -10,7 +10,10 @@ Each job run appends JSON lines to the replica's journal: ``start`` (with the fe
 the scheduled instant), one ``write`` per fenced write to the witness, and ``end`` (with its
 outcome), so that a run cut short by SIGKILL is still on record. The library's own transitions
 (``lead``, ``lost``, ``released``, ``fail``, ``reached``) are journaled from its log records.
-Every ``t`` is ``CLOCK_MONOTONIC`` seconds, shared by every process of the machine and left
+A ``cursor`` job also journals the checkpoint it was given in its ``start`` event (``state``,
+``iteration``, ``cp_token``: the term that wrote the record) and each ``save_state``: ``saving``
+before the call, ``saved`` after it (``ok``, or the error's type). Every ``t`` is
+``CLOCK_MONOTONIC`` seconds, shared by every process of the machine and left
 alone by libfaketime (``FAKETIME_DONT_FAKE_MONOTONIC=1``); ``scheduled`` is wall-clock time as
 the replica sees it (faked, under libfaketime).
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -72,6 +76,7 @@ Behavior = Literal[
     "block_loop",  # like witness, but run `block_on` blocks the event loop for `hold_s`
     "thread_sleep",  # a sync job (run in a thread): fenced writes around time.sleep steps
     "pool_hog",  # hold every connection of the application's own client with BLPOP
+    "cursor",  # resume from ctx.checkpoint.state, then `steps` save_state calls of cursor + 1
 ]
 
 # Fenced register: rejects a token below the highest seen.
@@ -138,6 +143,8 @@ class JobConfig:
     timeout: float | None = None
     hold_s: float = 0.0
     block_on: int = 0
+    checkpoint: bool = True
+    """Keep the job's checkpoint (one Redis call after each run)."""
 
 
 @dataclass
@@ -268,6 +275,9 @@ class Node:
                 username=config.username,
                 **setinfo,
             )
+        self._runs = itertools.count(1)
+        """Numbers this process's runs: ``ctx.iteration`` repeats by design (a failed run keeps
+        it, a store that lost the record restarts it), a run id must not."""
         self.electors = [self._elector(i) for i in range(config.electors)]
 
     def _elector(self, index: int) -> SingletonJobs:
@@ -290,7 +300,11 @@ class Node:
         return jobs
 
     def _register(self, jobs: SingletonJobs, job: JobConfig) -> None:
-        common: dict[str, Any] = {"on_leadership_lost": job.policy, "timeout": job.timeout}
+        common: dict[str, Any] = {
+            "on_leadership_lost": job.policy,
+            "timeout": job.timeout,
+            "checkpoint": job.checkpoint,
+        }
         if job.kind == "rate":
             decorator = jobs.fixed_rate(job.name, every=job.every, **common)
         elif job.kind == "interval":
@@ -320,12 +334,22 @@ class Node:
 
     # -- one run ----------------------------------------------------------------------------
 
-    def _base(self, ctx: JobContext) -> dict[str, object]:
+    @staticmethod
+    def _checkpoint(ctx: JobContext) -> dict[str, object]:
+        """What a ``cursor`` run was given: the stored state, iteration and writing term."""
+        checkpoint = ctx.checkpoint
+        return {
+            "state": None if checkpoint is None else checkpoint.state,
+            "iteration": ctx.iteration,
+            "cp_token": None if checkpoint is None else checkpoint.fencing_token,
+        }
+
+    def _base(self, ctx: JobContext, number: int) -> dict[str, object]:
         return {
             "job": ctx.job,
             "node": ctx.node_id,
             "token": ctx.fencing_token,
-            "run": f"{ctx.node_id}:{os.getpid()}:{ctx.iteration}",
+            "run": f"{ctx.node_id}:{os.getpid()}:{number}",
         }
 
     async def _fenced(self, ctx: JobContext, base: dict[str, object]) -> None:
@@ -335,11 +359,13 @@ class Node:
         self.journal.write("write", ok=bool(accepted), sent=sent, **base)
 
     async def _run(self, ctx: JobContext, job: JobConfig) -> None:
-        base = self._base(ctx)
-        self.journal.write("start", scheduled=ctx.scheduled_at.timestamp(), **base)
+        number = next(self._runs)
+        base = self._base(ctx, number)
+        given = self._checkpoint(ctx) if job.behavior == "cursor" else {}
+        self.journal.write("start", scheduled=ctx.scheduled_at.timestamp(), **given, **base)
         outcome = "error"
         try:
-            await self._behave(ctx, job, base)
+            await self._behave(ctx, job, base, number)
             outcome = "ok"
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -347,7 +373,9 @@ class Node:
         finally:
             self.journal.write("end", outcome=outcome, **base)
 
-    async def _behave(self, ctx: JobContext, job: JobConfig, base: dict[str, object]) -> None:
+    async def _behave(
+        self, ctx: JobContext, job: JobConfig, base: dict[str, object], number: int
+    ) -> None:
         behavior = job.behavior
         if behavior == "raise":
             raise RuntimeError(f"job {ctx.job} fails on purpose")
@@ -360,10 +388,13 @@ class Node:
         if behavior == "pool_hog":
             await self._hog(job, base)
             return
+        if behavior == "cursor":
+            await self._cursor(ctx, job, base)
+            return
         counter = counter_key(self.config.project, ctx.job)
         await self._fenced(ctx, base)
         value = int(await self.witness.get(counter) or 0)
-        if behavior == "block_loop" and ctx.iteration == job.block_on:
+        if behavior == "block_loop" and number == job.block_on:
             self.journal.write("block", seconds=job.hold_s, **base)
             blocking_sleep(job.hold_s)  # the fault: the event loop is blocked
             self.journal.write("unblock", **base)
@@ -388,6 +419,26 @@ class Node:
                     await self._fenced(ctx, base)
         await self.witness.set(counter, value + 1)
 
+    async def _cursor(self, ctx: JobContext, job: JobConfig, base: dict[str, object]) -> None:
+        # The cursor pattern of docs/checkpoints.md: resume after the stored cursor, save each
+        # step's. A refused or failed save ends the run (LeadershipLost: the next leader
+        # resumes from the stored state).
+        state = ctx.checkpoint.state if ctx.checkpoint is not None else None
+        cursor = state if isinstance(state, int) else 0
+        step_s = job.run_s / max(job.steps, 1)
+        for _ in range(max(job.steps, 1)):
+            await asyncio.sleep(step_s)
+            cursor += 1
+            self.journal.write("saving", value=cursor, **base)
+            try:
+                await ctx.save_state(cursor)
+            except Exception as exc:  # LeadershipLost, ConnectionError: journaled, raised
+                self.journal.write(
+                    "saved", value=cursor, ok=False, error=type(exc).__name__, **base
+                )
+                raise
+            self.journal.write("saved", value=cursor, ok=True, **base)
+
     async def _hog(self, job: JobConfig, base: dict[str, object]) -> None:
         # Ask for more connections than the application's pool has; the election must not
         # notice (it has a pool of its own).
@@ -399,7 +450,7 @@ class Node:
         self.journal.write("hogged", errors=len(errors), kinds=sorted(set(errors)), **base)
 
     def _sync_run(self, ctx: JobContext, job: JobConfig) -> None:
-        base = self._base(ctx)
+        base = self._base(ctx, next(self._runs))
         keys = fence_keys(self.config.project, ctx.job)
         self.journal.write("start", scheduled=ctx.scheduled_at.timestamp(), **base)
         outcome = "error"
