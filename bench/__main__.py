@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
 
-from bench import failover, overhead, precision, redis_cost, report, scale
+from bench import checkpoints, failover, overhead, precision, redis_cost, report, scale
 from bench._common import ROOT, Json, log, machine, write_json
 
 FAMILIES: dict[str, ModuleType] = {
@@ -29,6 +29,7 @@ FAMILIES: dict[str, ModuleType] = {
     "redis_cost": redis_cost,
     "overhead": overhead,
     "scale": scale,
+    "checkpoints": checkpoints,
 }
 RESULTS = ROOT / "bench" / "results.json"
 REPORT = ROOT / "docs" / "benchmarks.md"

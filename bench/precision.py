@@ -17,6 +17,10 @@ Schedulers: fastapi-singletonjob (``fixed_rate``, ``memory://``), the same with
 and a bare asyncio loop that sleeps until each grid instant: the floor any asyncio scheduler
 stands on.
 
+``REDIS_SCHEDULERS`` are the library on a real redis-server (``--redis-url``, a project of its
+own per child) with its checkpoints (the default) and with ``checkpoint=False``. This family
+does not run them: ``bench/checkpoints.py`` does, with its own server, through ``_phase``.
+
     python -m bench.precision child --scheduler singletonjob --period 0.01 --background 100 \\
         --offset 0.00125 --out result.json
 """
@@ -28,9 +32,10 @@ import asyncio
 import collections
 import json
 import math
+import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -55,6 +60,8 @@ SCHEDULERS = (
     "asyncio_floor",
     "asyncio_spin",
 )
+REDIS_SCHEDULERS = ("singletonjob_redis", "singletonjob_redis_nocheckpoint")
+"""The library on Redis, checkpoint on and off (run by ``bench/checkpoints.py``)."""
 PRECISION_S = 0.002
 """The library's ``precision=`` in the ``singletonjob_precise`` rows."""
 SPIN_S = 0.0015
@@ -91,16 +98,28 @@ async def _sleep_until(wall: float) -> None:
 
 
 async def run_singletonjob(
-    period: float, offset: float, background: int, window: Window, precision: float = 0.0
+    period: float,
+    offset: float,
+    background: int,
+    window: Window,
+    precision: float = 0.0,
+    *,
+    redis_url: str | None = None,
+    checkpoint: bool = True,
 ) -> dict[str, Any]:
     from fastapi_singletonjob import JobContext, SingletonJobs
 
-    jobs = SingletonJobs(
-        redis_url="memory://precision", project="bench-precision", precision=precision
-    )
+    if redis_url is None:
+        jobs = SingletonJobs(
+            redis_url="memory://precision", project="bench-precision", precision=precision
+        )
+    else:  # children share the server: a project each, so that each leads its own jobs
+        jobs = SingletonJobs(
+            redis_url=redis_url, project=f"bench-precision-{os.getpid()}", precision=precision
+        )
     body_s = BODY_FRACTION * period
 
-    @jobs.fixed_rate("measured", every=period, offset=offset)
+    @jobs.fixed_rate("measured", every=period, offset=offset, checkpoint=checkpoint)
     async def measured(ctx: JobContext) -> None:
         start = time.time()
         ideal = ctx.scheduled_at.timestamp()
@@ -113,7 +132,9 @@ async def run_singletonjob(
         await asyncio.sleep(BODY_FRACTION * BACKGROUND_PERIOD_S)
 
     for i in range(background):
-        jobs.fixed_rate(f"background-{i}", every=BACKGROUND_PERIOD_S, offset=offset)(other)
+        jobs.fixed_rate(
+            f"background-{i}", every=BACKGROUND_PERIOD_S, offset=offset, checkpoint=checkpoint
+        )(other)
     await jobs.start()
     try:
         await _sleep_until(window.t_end + 0.05)
@@ -122,6 +143,8 @@ async def run_singletonjob(
     finally:
         await jobs.stop()
     label = "fastapi-singletonjob fixed_rate" + (f", precision={precision:g}" if precision else "")
+    if redis_url is not None:
+        label += f", Redis, checkpoint={checkpoint}"
     return {"label": label, "dropped": dropped}
 
 
@@ -129,6 +152,20 @@ async def run_singletonjob_precise(
     period: float, offset: float, background: int, window: Window
 ) -> dict[str, Any]:
     return await run_singletonjob(period, offset, background, window, precision=PRECISION_S)
+
+
+async def run_singletonjob_redis(
+    period: float, offset: float, background: int, window: Window, *, redis_url: str
+) -> dict[str, Any]:
+    return await run_singletonjob(period, offset, background, window, redis_url=redis_url)
+
+
+async def run_singletonjob_redis_nocheckpoint(
+    period: float, offset: float, background: int, window: Window, *, redis_url: str
+) -> dict[str, Any]:
+    return await run_singletonjob(
+        period, offset, background, window, redis_url=redis_url, checkpoint=False
+    )
 
 
 async def run_apscheduler(
@@ -300,6 +337,8 @@ PRELOAD = {
     "repeat_every": ("fastapi_utils.tasks",),
     "asyncio_floor": (),
     "asyncio_spin": (),
+    "singletonjob_redis": ("fastapi_singletonjob", "redis.asyncio"),
+    "singletonjob_redis_nocheckpoint": ("fastapi_singletonjob", "redis.asyncio"),
 }
 
 
@@ -310,6 +349,10 @@ RUNNERS = {
     "repeat_every": run_repeat_every,
     "asyncio_floor": run_asyncio_floor,
     "asyncio_spin": run_asyncio_spin,
+}
+REDIS_RUNNERS = {
+    "singletonjob_redis": run_singletonjob_redis,
+    "singletonjob_redis_nocheckpoint": run_singletonjob_redis_nocheckpoint,
 }
 
 
@@ -331,7 +374,14 @@ async def child(args: argparse.Namespace) -> Json:
         cpu["end"] = time.process_time()
 
     metering = asyncio.ensure_future(meter())
-    extra = await RUNNERS[args.scheduler](args.period, args.offset, args.background, window)
+    if args.scheduler in REDIS_RUNNERS:
+        if not args.redis_url:
+            raise SystemExit(f"--scheduler {args.scheduler} needs --redis-url")
+        extra = await REDIS_RUNNERS[args.scheduler](
+            args.period, args.offset, args.background, window, redis_url=args.redis_url
+        )
+    else:
+        extra = await RUNNERS[args.scheduler](args.period, args.offset, args.background, window)
     await metering
     return {
         **extra,
@@ -388,7 +438,11 @@ def summarize(period: float, raw: Json, expected: int) -> Json:
 
 
 def _phase(
-    periods: tuple[float, ...], duration_s: int, schedulers: list[str], workdir: Path
+    periods: tuple[float, ...],
+    duration_s: int,
+    schedulers: list[str],
+    workdir: Path,
+    extra_args: Sequence[str] = (),
 ) -> list[Json]:
     plan = [
         (scheduler, period, background)
@@ -406,6 +460,7 @@ def _phase(
                 "child",
                 *("--scheduler", scheduler, "--period", str(period)),
                 *("--background", str(background), "--offset", str(offset), "--out", str(out)),
+                *extra_args,
             ]
             log = workdir / f"precision-{scheduler}-{period}-{background}.log"
             child_ = spawn(f"{scheduler}@{period}/{background}", "bench.precision", args, log)
@@ -469,11 +524,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of a child process."""
     parser = argparse.ArgumentParser(description="tick-precision child process")
     parser.add_argument("role", choices=["child"])
-    parser.add_argument("--scheduler", choices=SCHEDULERS, required=True)
+    parser.add_argument("--scheduler", choices=SCHEDULERS + REDIS_SCHEDULERS, required=True)
     parser.add_argument("--period", type=float, required=True)
     parser.add_argument("--background", type=int, default=0)
     parser.add_argument("--offset", type=float, default=0.0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--redis-url", help="the server of the REDIS_SCHEDULERS")
     args = parser.parse_args(argv)
     result = asyncio.run(child(args))
     args.out.write_text(json.dumps(result))

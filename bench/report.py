@@ -43,6 +43,16 @@ PRECISE_P99_MS = 0.3
 PRECISE_PERIODS_MS = (100, 500)
 MEMORY_FACTOR = 2.0
 """Goal: memory per job at most this many times APScheduler 3's."""
+CHECKPOINT_SLACK_MS = 1.0
+CHECKPOINT_SLACK_FRACTION = 0.1
+"""Goal: p99 lateness with checkpoints at most that of ``checkpoint=False`` plus the larger of
+these (1 ms, 10 %): "unchanged", within the noise of a shared machine."""
+CHECKPOINT_VARIANTS = {
+    "off": "`checkpoint=False`",
+    "on": "default (checkpoint)",
+    "save_state": "default + `save_state`",
+    "save_state_large": "default + `save_state`, large state",
+}
 PRECISION_PLOT = "benchmarks-precision.png"
 RECONNECT_PLOT = "benchmarks-reconnect.png"
 
@@ -242,6 +252,65 @@ def memory_goals(data: Json) -> list[tuple[str, str, str, bool | None]]:
     return out
 
 
+def _lateness_pair(data: Json, period: int, background: int) -> tuple[Json | None, Json | None]:
+    """The checkpoint family's lateness rows (with, without checkpoints) of one period and load."""
+    rows = {
+        r["scheduler"]: r
+        for r in data["lateness"]
+        if r["period_ms"] == period and r["background"] == background
+    }
+    return rows.get("singletonjob_redis"), rows.get("singletonjob_redis_nocheckpoint")
+
+
+def _checkpoint_limit(without: float | None) -> float | None:
+    if without is None:
+        return None
+    return without + max(CHECKPOINT_SLACK_MS, CHECKPOINT_SLACK_FRACTION * without)
+
+
+def checkpoint_goals(data: Json) -> list[tuple[str, str, str, bool | None]]:
+    """One fenced write per run (none without a checkpoint); tick lateness unchanged."""
+    out: list[tuple[str, str, str, bool | None]] = []
+    by = {(r["kind"], r["variant"]): r for r in data["commands"]}
+    pairs = [
+        (kind, by.get((kind, "on")), by.get((kind, "off")))
+        for kind in sorted({r["kind"] for r in data["commands"]})
+    ]
+    measured = ", ".join(
+        f"`{kind}` {num(on['round_trips_per_run'], 2)} / {num(off['round_trips_per_run'], 2)}"
+        for kind, on, off in pairs
+        if on and off
+    )
+    out.append(
+        (
+            "Redis round trips per run, checkpoint on / off",
+            "1 (one `EVALSHA`) / 0",
+            measured,
+            all(
+                on is not None
+                and off is not None
+                and abs(on["round_trips_per_run"] - 1.0) < 0.05
+                and off["round_trips_per_run"] < 0.05
+                for _, on, off in pairs
+            ),
+        )
+    )
+    for period in sorted({r["period_ms"] for r in data["lateness"]}):
+        for background in sorted({r["background"] for r in data["lateness"]}):
+            with_, without = _lateness_pair(data, period, background)
+            limit = _checkpoint_limit(_p99(without))
+            out.append(
+                (
+                    f"tick lateness p99 with checkpoints, {period} ms ticks, "
+                    f"{_load(background)}, Redis",
+                    f"≤ `checkpoint=False`'s + max(1 ms, 10 %): {num(limit, 2)} ms",
+                    f"{num(_p99(with_), 2)} ms",
+                    None if limit is None else below(_p99(with_), limit, inclusive=True),
+                )
+            )
+    return out
+
+
 def _kib(value: float | None) -> str:
     return "—" if value is None else f"{num(value / 1024, 2)} KiB"
 
@@ -287,6 +356,9 @@ def goals(results: Json) -> list[tuple[str, str, str, bool | None]]:
                     below(worst, bound, inclusive=True),
                 )
             )
+    checkpoints = family(results, "checkpoints")
+    if checkpoints:
+        out += checkpoint_goals(checkpoints)
     cost = family(results, "redis_cost")
     if cost:
         trips = [
@@ -324,7 +396,10 @@ def header(results: Json) -> list[str]:
     load = m.get("loadavg_at_start", [])
     load_end = run.get("loadavg_at_end", [])
     cpus = m.get("cpu_count") or 1
-    busy = max([*load, *load_end, 0.0]) > 0.75 * cpus
+    # With --only, the other families' figures come from earlier runs: their loads count too.
+    metas = {name: data.get("meta", {}) for name, data in results.get("families", {}).items()}
+    after = [x for meta in metas.values() for x in meta.get("loadavg_after", [])]
+    busy = max([*load, *load_end, *after, 0.0]) > 0.75 * cpus
     lines = [
         "# Benchmarks",
         "",
@@ -357,11 +432,25 @@ def header(results: Json) -> list[str]:
             ],
         ],
     )
+    earlier = [name for name in metas if name not in run.get("families", [])]
+    if earlier:
+        lines += [
+            "The other families' figures come from earlier runs (load average after each, "
+            "1/5/15 min): "
+            + "; ".join(
+                f"{name}, {metas[name].get('mode', '?')} run of {metas[name].get('date', '?')}: "
+                + " / ".join(num(x, 2) for x in metas[name].get("loadavg_after", []))
+                for name in earlier
+            )
+            + ".",
+            "",
+        ]
     if busy:
         lines += [
             f"> **Noisy machine.** The load average reached more than three quarters of the {cpus}",
-            "> CPUs during the run: other work shared the machine, so tail latencies (p99, max)",
-            "> carry its noise. Peers ran at the same time and suffered the same.",
+            "> CPUs during the runs these figures come from: other work shared the machine, so",
+            "> tail latencies (p99, max) carry its noise. Peers ran at the same time and",
+            "> suffered the same.",
             "",
         ]
     return lines
@@ -374,8 +463,8 @@ def goals_section(results: Json) -> list[str]:
     lines += [
         "The rows down to memory per job are the goals of the engine's redesign (issue 10), each "
         "against APScheduler 3 or the bare asyncio loop measured in the same run; the drift, "
-        "failover and Redis rows are those of earlier issues. What limits each goal not met is "
-        "explained in its section.",
+        "failover and Redis rows are those of earlier issues, the checkpoint rows those of "
+        "issue 12. What limits each goal not met is explained in its section.",
         "",
     ]
     return lines
@@ -1163,6 +1252,252 @@ def _leaders(leaders: dict[str, int]) -> str:
     return text + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
 
 
+def checkpoints_section(results: Json) -> list[str]:
+    lines = ["## 6. Checkpoints", ""]
+    data = family(results, "checkpoints")
+    if data is None:
+        return lines + _missing(results, "checkpoints")
+    s = data["settings"]
+    meta = data.get("meta", {})
+    cpus = results.get("machine", {}).get("cpu_count") or 1
+    load = meta.get("loadavg_after", [])
+    lines += [_when(data), ""]
+    lines += [
+        "### Redis commands per run",
+        "",
+        f"One replica, alone (so it leads), runs one job every {num(s['every_s'] * 1000, 0)} ms "
+        f"with an empty body on a dedicated redis-server {s['redis_server']}: without a "
+        "checkpoint (`checkpoint=False`), with one (the default), and with one plus a "
+        f"`ctx.save_state` per run (a cursor of {num(s['state_json_bytes'])} bytes of JSON, or "
+        f"a large state of {num(s['large_state_json_bytes'])} bytes). `INFO commandstats` and "
+        "`INFO stats` deltas over "
+        f"{num(s['runs_per_window'])} whole runs (read while the first run of the window, and "
+        "then the one after the last, waits at the start of its body), the heartbeat at "
+        f"{num(s['heartbeat_s'], 0)} s so that the window holds one election round at most "
+        "(one that does is counted and its `EVALSHA` taken off). *Sent* are the commands the "
+        "replica sends, each a round trip; "
+        "*inside Redis* those the scripts run (`RECORD_RUN`: `GET` of the lock for the fence, "
+        "`TYPE` and `HGET` to check the record, `HINCRBY`, `HSET`, `HDEL`, `PEXPIRE`, and an "
+        "`HGETALL` whose reply is the new record). *Server µs* is the `EVALSHA` time, the "
+        "scripts' own commands included. *Client CPU* is the replica process's CPU time over "
+        "the window per run (the run's task and timer, the write's redis-py call and the "
+        f"parsing of its reply, by {s.get('redis_parser', 'redis-py')} parser). *Outside the "
+        "body* is the library's duration of a run less the body's: the run's task, and with "
+        "a checkpoint the wait for the record's write, which happens after the job returns and "
+        "before the run counts as ended.",
+        "",
+    ]
+    rows = []
+    for r in data["commands"]:
+        sent = ", ".join(f"{k.upper()} {num(v, 2)}" for k, v in r["sent_per_run"].items())
+        save = r.get("save_state_ms")
+        rows.append(
+            [
+                f"`{r['kind']}`",
+                CHECKPOINT_VARIANTS.get(r["variant"], r["variant"]),
+                num(r["round_trips_per_run"], 2),
+                sent or "none",
+                num(r["inside_total_per_run"], 1),
+                num(r["server_us_per_run"], 0),
+                num(r.get("cpu_us_per_run"), 0),
+                f"{num(r['bytes_in_per_run'])} / {num(r['bytes_out_per_run'])}",
+                f"{num(r['outside_body_ms']['p50'], 2)} / {num(r['outside_body_ms']['p99'], 2)}",
+                "—" if not save else f"{num(save['p50'], 2)} / {num(save['p99'], 2)}",
+                num(r["elect_rounds"]),
+            ]
+        )
+    lines += table(
+        [
+            "job",
+            "variant",
+            "round trips per run",
+            "sent per run",
+            "commands inside Redis per run",
+            "server µs per run",
+            "client CPU per run (µs)",
+            "bytes to / from Redis per run",
+            "outside the body p50 / p99 (ms)",
+            "`save_state` p50 / p99 (ms)",
+            "election rounds in the window",
+        ],
+        rows,
+    )
+    starts = sorted(
+        {r["term_start"]["hgetall_sent"] for r in data["commands"] if r["variant"] != "off"}
+    )
+    off_starts = sorted(
+        {r["term_start"]["hgetall_sent"] for r in data["commands"] if r["variant"] == "off"}
+    )
+    on = next((r for r in data["commands"] if r["variant"] == "on"), None)
+    off = next((r for r in data["commands"] if r["variant"] == "off"), None)
+    large = next((r for r in data["commands"] if r["variant"] == "save_state_large"), None)
+    lines += [
+        "At a term's first run the replica also reads the record: "
+        f"{' or '.join(num(n) for n in starts)} `HGETALL` sent in the phase from `start()` to "
+        f"the first recorded run with a checkpoint, {' or '.join(num(n) for n in off_starts)} "
+        "without (the `HGETALL` inside each `RECORD_RUN` taken off). Within a term the record "
+        "is kept from the reply of each write, so a steady run costs the one `EVALSHA` of "
+        "`RECORD_RUN`, and `save_state` one more.",
+        "",
+    ]
+    if on and off:
+        per_s = 1 / s["every_s"]
+        lines += [
+            f"At one run every {num(s['every_s'] * 1000, 0)} ms a checkpoint costs "
+            f"{num(on['round_trips_per_run'] * per_s, 0)} `EVALSHA`/s and about "
+            f"{num(on['server_us_per_run'] * per_s / 1000, 1)} ms of Redis time per second, "
+            "against one election round per heartbeat (3 s by default) for all of a node's "
+            "jobs; the run ends "
+            f"{num(on['outside_body_ms']['p50'] - off['outside_body_ms']['p50'], 2)} ms later "
+            "at the median: the write's round trip. The next tick's timer does not wait for "
+            "it, but a run counts as ended only once its record is written, so a job whose "
+            "run comes close to its period can lose the next tick (see below).",
+            "",
+        ]
+    if large:
+        lines += [
+            "Every `RECORD_RUN` returns the whole record, state included: with a state of "
+            f"{num(s['large_state_json_bytes'])} bytes a run moves "
+            f"{num(large['bytes_in_per_run'])} bytes to Redis (the `save_state`) and "
+            f"{num(large['bytes_out_per_run'])} from it, and Redis spends "
+            f"{num(large['server_us_per_run'], 0)} µs per run. Keep the state a cursor, not the "
+            "data.",
+            "",
+        ]
+    lines += ["### Tick lateness with and without checkpoints", ""]
+    lines += [
+        "The library on that redis-server (default heartbeat and expiry), a project per "
+        "process, with checkpoints and with `checkpoint=False`: a measured fixed-rate job every "
+        f"10 or 100 ms whose body awaits {num(s['body_fraction'] * 100, 0)} % of the period, "
+        f"alone or beside {s['background_jobs']} jobs every "
+        f"{num(s['background_period_s'] * 1000, 0)} ms on the same instants (with checkpoints "
+        f"each of those {s['background_jobs']} writes its record after every run: "
+        f"{num(s['background_jobs'] / s['background_period_s'], 0)} `EVALSHA`/s per process "
+        "at once on each instant). Lateness as in section 1 (`time.time()` at the body's "
+        "first instruction minus the grid instant); the processes of one period ran at the "
+        f"same time ({num(s['concurrent_children'])} processes; window "
+        f"{s['lateness_window_s']['10']} s at 10 ms, {s['lateness_window_s']['100']} s at "
+        "100 ms), on instants shifted apart.",
+        "",
+    ]
+    rows = []
+    for period in sorted({r["period_ms"] for r in data["lateness"]}):
+        for background in sorted({r["background"] for r in data["lateness"]}):
+            with_, without = _lateness_pair(data, period, background)
+            for label, r in (("checkpoint", with_), ("`checkpoint=False`", without)):
+                if r is None:
+                    continue
+                diff = (
+                    None
+                    if r is without or without is None
+                    else r["lateness_ms"]["p99"] - without["lateness_ms"]["p99"]
+                )
+                rows.append(
+                    [
+                        f"{period} ms",
+                        _load(background),
+                        label,
+                        f"{num(r['runs'])} / {num(r['expected'])}",
+                        num(r["lateness_ms"]["p50"], 2),
+                        num(r["lateness_ms"]["p99"], 2),
+                        num(r["lateness_ms"]["max"], 2),
+                        "—" if diff is None else f"{diff:+.2f}",
+                        num(r["cpu_ms_per_s"], 1),
+                        ", ".join(f"{k} {v}" for k, v in r.get("dropped", {}).items() if v)
+                        or "none",
+                    ]
+                )
+    lines += table(
+        [
+            "period",
+            "load",
+            "variant",
+            "runs / ideal",
+            "lateness p50 (ms)",
+            "p99",
+            "max",
+            "p99 with − without (ms)",
+            "CPU (ms/s)",
+            "ticks dropped",
+        ],
+        rows,
+    )
+    lines += _checkpoint_lateness_notes(data)
+    samples = data.get("loadavg") or ([load] if load else [])
+    peak = max((x for sample in samples for x in sample), default=0.0)
+    if peak > 0.75 * cpus:
+        shown = "; ".join(" / ".join(num(x, 2) for x in sample) for sample in samples)
+        lines += [
+            f"> **Shared machine.** The load average (1/5/15 min) reached {num(peak, 2)} on "
+            f"{cpus} CPUs during this family ({shown}, at its start, after the commands and "
+            "after each lateness phase), from other work on the machine as well as its own "
+            "processes: the tails (p99, max) and the dropped ticks carry that noise. Both "
+            "variants ran side by side and shared it.",
+            "",
+        ]
+    return lines
+
+
+def _drops(row: Json | None) -> int:
+    return 0 if row is None else sum(row.get("dropped", {}).values())
+
+
+def _checkpoint_lateness_notes(data: Json) -> list[str]:
+    """What moves the lateness with checkpoints, from the family's own figures."""
+    s = data["settings"]
+    by = {(r["kind"], r["variant"]): r for r in data["commands"]}
+    on, off = by.get(("fixed_rate", "on")), by.get(("fixed_rate", "off"))
+    cpu = (
+        None
+        if on is None or off is None or on.get("cpu_us_per_run") is None
+        else on["cpu_us_per_run"] - off["cpu_us_per_run"]
+    )
+    lines = [
+        "The record is written after the job returns, in the run's own task: the timer that "
+        "starts the next tick does not wait for it, and the event loop serves other tasks "
+        "while the write is in flight. What a write does take from them is the CPU of its "
+        "call"
+        + (
+            f": {num(cpu, 0)} µs per run in the first table (the replica's CPU per run with a "
+            "checkpoint less without; the redis-py call, its reply parsed into a record)"
+            if cpu is not None
+            else ""
+        )
+        + ", which shows in the *CPU* column here.",
+        "",
+    ]
+    worse = []
+    for period in sorted({r["period_ms"] for r in data["lateness"]}):
+        for background in sorted({r["background"] for r in data["lateness"]}):
+            with_, without = _lateness_pair(data, period, background)
+            if _drops(with_) > _drops(without):
+                assert with_ is not None
+                kinds = ", ".join(f"{k} {v}" for k, v in with_["dropped"].items() if v)
+                worse.append(
+                    f"{period} ms {_load(background)}: {num(_drops(with_))} ticks dropped "
+                    f"({kinds}) against {num(_drops(without))} without"
+                )
+    if worse:
+        burst = (
+            ""
+            if cpu is None
+            else f", about {num(cpu * s['background_jobs'] / 1000, 0)} ms of the event loop's "
+            "CPU in one burst"
+        )
+        lines += [
+            f"Where many jobs share an instant the writes come together: each instant of the "
+            f"{s['background_jobs']} background jobs brings {s['background_jobs']} writes at "
+            f"once{burst}. A fast job beside them then starts later (the p99 above) and "
+            "loses ticks: "
+            + "; ".join(worse)
+            + ". *Overlap*: its run, which ends only once its own write is answered, was still "
+            "going at the next tick; *late*: the loop woke after a later tick was due. Spread "
+            "the instants (`offset=`) or use `checkpoint=False` for such a job.",
+            "",
+        ]
+    return lines
+
+
 # -- charts -------------------------------------------------------------------------------------
 
 
@@ -1259,6 +1594,7 @@ SECTIONS: list[Callable[[Json, dict[str, str]], list[str]]] = [
     lambda r, i: redis_cost_section(r),
     lambda r, i: overhead_section(r),
     scale_section,
+    lambda r, i: checkpoints_section(r),
 ]
 
 
