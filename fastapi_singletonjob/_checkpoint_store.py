@@ -34,7 +34,19 @@ if TYPE_CHECKING:
     from ._clock import Clock
     from ._store import StoreReadOnly, _MemoryData
 
-__all__ = ["MemoryCheckpoints", "RedisCheckpoints"]
+__all__ = ["RUN_FIELDS", "MemoryCheckpoints", "RedisCheckpoints"]
+
+RUN_FIELDS = (
+    "iteration",
+    "last_scheduled_us",
+    "last_completed_us",
+    "last_outcome",
+    "last_error",
+    "node_id",
+    "fencing_token",
+)
+"""The fields ``record_run`` returns, in ``RECORD_RUN``'s order: all but the state, which can
+be as large as 64 KiB and which the caller knows (it saved it, or read it)."""
 
 
 def _shorten_error(error: str | None) -> str:
@@ -120,7 +132,7 @@ class MemoryCheckpoints:
         else:
             record["last_error"] = args[5]
         self._keep(job, record, args[6])
-        return written(job, record)
+        return written(job, {key: value for key, value in record.items() if key in RUN_FIELDS})
 
     async def save_state(
         self,
@@ -230,8 +242,8 @@ class RedisCheckpoints:
         )
         if not isinstance(reply, list):  # -1: the term is over
             return None
-        keys = (key.decode(errors="replace") for key in reply[::2])
-        return written(job, dict(zip(keys, reply[1::2], strict=True)))
+        fields = zip(RUN_FIELDS, reply, strict=True)
+        return written(job, {key: value for key, value in fields if value is not None})
 
     async def save_state(
         self,

@@ -10,10 +10,12 @@ fresh record: the fenced write reads what is stored, not this copy).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from datetime import datetime
 
-from ._checkpoint import Checkpoint, encode_state
+from ._checkpoint import Checkpoint, JSONValue, encode_state
 from ._errors import LeadershipLost, UsageError
 from ._state import Outcome
 from ._store import CheckpointStore
@@ -26,7 +28,17 @@ logger = logging.getLogger("fastapi_singletonjob.checkpoint")
 class Progress:
     """One job's checkpoint on this node."""
 
-    __slots__ = ("_cached", "_job", "_max_bytes", "_node_id", "_retention_s", "_store", "_term")
+    __slots__ = (
+        "_cached",
+        "_job",
+        "_max_bytes",
+        "_node_id",
+        "_retention_s",
+        "_state",
+        "_state_known",
+        "_store",
+        "_term",
+    )
 
     def __init__(
         self,
@@ -43,6 +55,10 @@ class Progress:
         self._retention_s = retention_s
         self._max_bytes = max_state_bytes
         self._cached: Checkpoint | None = None
+        self._state: JSONValue = None
+        """The stored state as this term knows it: read at its start, then as saved."""
+        self._state_known = True
+        """False after a ``save_state`` whose outcome is unknown (the next run reads again)."""
         self._term: int | None = None
         """The term whose start (or last write) ``_cached`` is from; None: read again."""
 
@@ -55,6 +71,8 @@ class Progress:
         run of a term (``ConnectionError`` when the store does not answer in time)."""
         if self._term != token:
             self._cached = await self._store.read_checkpoint(self._job, timeout_s=timeout_s)
+            self._state = None if self._cached is None else self._cached.state
+            self._state_known = True
             self._term = token
         return self._cached
 
@@ -103,13 +121,15 @@ class Progress:
                 token,
             )
             return
-        self._cached, self._term = written, token
+        self._cached = dataclasses.replace(written, state=self._state)
+        self._term = token if self._state_known else None
 
     async def save_state(self, token: int, value: object, timeout_s: float) -> None:
         """Fenced write of the job's state (see ``JobContext.save_state``)."""
         state_json = encode_state(self._job, value, self._max_bytes)
         if timeout_s <= 0:
             raise self._lost(token)
+        self._state_known = False  # until it is known whether the state was saved
         saved = await self._store.save_state(
             self._job,
             token,
@@ -120,6 +140,7 @@ class Progress:
         )
         if not saved:
             raise self._lost(token)
+        self._state, self._state_known = json.loads(state_json), True
 
     def _lost(self, token: int) -> LeadershipLost:
         return LeadershipLost(

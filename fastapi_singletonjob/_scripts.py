@@ -222,7 +222,8 @@ else
   redis.call('HSET', record, 'last_error', ARGV[6])
 end
 redis.call('PEXPIRE', record, ARGV[7])
-return redis.call('HGETALL', record)
+return redis.call('HMGET', record, 'iteration', 'last_scheduled_us', 'last_completed_us',
+  'last_outcome', 'last_error', 'node_id', 'fencing_token')
 """
 )
 

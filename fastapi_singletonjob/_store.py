@@ -193,8 +193,9 @@ class CheckpointStore(Protocol):
         of term ``token`` (checked inside the store): a success adds one to ``iteration`` and
         clears ``last_error``, another outcome keeps ``iteration`` and stores ``error`` (cut
         to ``MAX_ERROR_CHARS``); ``state`` is kept. Sets the record's expiry to
-        ``retention_s`` from now. Returns the record as written, or None when the term is
-        over (nothing written). ``ConnectionError`` past ``timeout_s``: then whether the
+        ``retention_s`` from now. Returns the record as written, without its ``state`` (None
+        there: it may be 64 KiB, and the caller knows it), or None when the term is over
+        (nothing written). ``ConnectionError`` past ``timeout_s``: then whether the
         write happened is unknown."""
         ...
 
