@@ -1278,9 +1278,10 @@ def checkpoints_section(results: Json) -> list[str]:
         "replica sends, each a round trip; "
         "*inside Redis* those the scripts run (`RECORD_RUN`: `GET` of the lock for the fence, "
         "`TYPE` and `HGET` to check the record, `HINCRBY`, `HSET`, `HDEL`, `PEXPIRE`, and an "
-        "`HGETALL` whose reply is the new record). *Server µs* is the `EVALSHA` time, the "
-        "scripts' own commands included. *Client CPU* is the replica process's CPU time over "
-        "the window per run (the run's task and timer, the write's redis-py call and the "
+        "`HMGET` whose reply is the new record without its state). *Server µs* is the "
+        "`EVALSHA` time, the scripts' own commands included. *Client CPU* is the replica "
+        "process's CPU time over the window per run (the run's task and timer, the write's "
+        "redis-py call and the "
         f"parsing of its reply, by {s.get('redis_parser', 'redis-py')} parser). *Outside the "
         "body* is the library's duration of a run less the body's: the run's task, and with "
         "a checkpoint the wait for the record's write, which happens after the job returns and "
@@ -1335,9 +1336,9 @@ def checkpoints_section(results: Json) -> list[str]:
         "At a term's first run the replica also reads the record: "
         f"{' or '.join(num(n) for n in starts)} `HGETALL` sent in the phase from `start()` to "
         f"the first recorded run with a checkpoint, {' or '.join(num(n) for n in off_starts)} "
-        "without (the `HGETALL` inside each `RECORD_RUN` taken off). Within a term the record "
-        "is kept from the reply of each write, so a steady run costs the one `EVALSHA` of "
-        "`RECORD_RUN`, and `save_state` one more.",
+        "without. Within a term the record is kept from the reply of each write (and the state "
+        "from the last `save_state`), so a steady run costs the one `EVALSHA` of `RECORD_RUN`, "
+        "and `save_state` one more.",
         "",
     ]
     if on and off:
@@ -1356,7 +1357,8 @@ def checkpoints_section(results: Json) -> list[str]:
         ]
     if large:
         lines += [
-            "Every `RECORD_RUN` returns the whole record, state included: with a state of "
+            "`RECORD_RUN` returns the record without its state, so a large state crosses the "
+            "network once, in `save_state`: with a state of "
             f"{num(s['large_state_json_bytes'])} bytes a run moves "
             f"{num(large['bytes_in_per_run'])} bytes to Redis (the `save_state`) and "
             f"{num(large['bytes_out_per_run'])} from it, and Redis spends "
