@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from fake_nodes import kill, stop
 
 from fastapi_singletonjob import (
     Checkpoint,
@@ -52,23 +53,6 @@ async def make(clock: FakeClock, request: pytest.FixtureRequest) -> AsyncIterato
     yield factory
     for jobs in made:
         await stop(jobs, clock)
-
-
-async def stop(jobs: SingletonJobs, clock: FakeClock) -> None:
-    """Stop while the fake clock keeps moving (shutdown waits on it)."""
-    task = asyncio.create_task(jobs.stop())
-    while not task.done():
-        await clock.advance(0.05)
-    await task
-
-
-def kill(jobs: SingletonJobs) -> None:
-    """Stop electing and ticking without releasing anything: a hard kill, as the others see it."""
-    engine = jobs.engine
-    assert engine is not None and engine.election_task is not None
-    assert engine.timer_task is not None
-    engine.election_task.cancel()
-    engine.timer_task.cancel()
 
 
 async def test_state_and_iteration_continue_across_nodes(make: Factory, clock: FakeClock) -> None:

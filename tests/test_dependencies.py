@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Any
 
 import pytest
+from fake_nodes import stop
 from fastapi import (
     BackgroundTasks,
     Body,
@@ -62,14 +63,6 @@ async def jobs(clock: FakeClock, request: pytest.FixtureRequest) -> AsyncIterato
     )
     yield jobs
     await stop(jobs, clock)
-
-
-async def stop(jobs: SingletonJobs, clock: FakeClock) -> None:
-    """Stop while the fake clock keeps moving (shutdown waits on it)."""
-    task = asyncio.create_task(jobs.stop())
-    while not task.done():
-        await clock.advance(0.05)
-    await task
 
 
 @contextlib.asynccontextmanager

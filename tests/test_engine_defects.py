@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from fake_nodes import stop as stop_on
 from waiting import wait_until
 
 from fastapi_singletonjob import JobContext, SingletonJobs
@@ -176,14 +177,6 @@ async def make(clock: FakeClock, request: pytest.FixtureRequest) -> AsyncIterato
 
 
 Factory = Callable[..., SingletonJobs]
-
-
-async def stop_on(jobs: SingletonJobs, clock: FakeClock, step_s: float = 0.05) -> None:
-    """Stop while the fake clock keeps moving (the drain waits on it)."""
-    task = asyncio.create_task(jobs.stop())
-    while not task.done():
-        await clock.advance(step_s)
-    await task
 
 
 class Stuck:

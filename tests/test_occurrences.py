@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from fake_nodes import kill
 
 from fastapi_singletonjob import DropReason, JobContext, SingletonJobs
 from fastapi_singletonjob.testing import FakeClock
@@ -48,17 +49,6 @@ async def make(clock: FakeClock, request: pytest.FixtureRequest) -> AsyncIterato
         while not task.done():
             await clock.advance(0.05)
         await task
-
-
-def kill(jobs: SingletonJobs) -> None:
-    """Stop renewing and running, without releasing: a hard kill as seen from the others."""
-    engine = jobs.engine
-    assert engine is not None and engine.election_task is not None
-    engine.election_task.cancel()
-    for runner in engine.runners.values():
-        runner.stats.next_run = None
-    assert engine.timer_task is not None
-    engine.timer_task.cancel()
 
 
 def drops(jobs: SingletonJobs, reason: DropReason) -> int:

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from itertools import pairwise
 
 import pytest
+from fake_nodes import stop
 
 from fastapi_singletonjob import DropReason, JobContext, Outcome, SingletonJobs
 from fastapi_singletonjob._engine import Engine
@@ -83,14 +84,6 @@ async def make(clock: FakeClock, request: pytest.FixtureRequest) -> AsyncIterato
     yield factory
     for jobs in made:
         await stop(jobs, clock)
-
-
-async def stop(jobs: SingletonJobs, clock: FakeClock) -> None:
-    """Stop while the fake clock keeps moving (shutdown waits on it)."""
-    task = asyncio.create_task(jobs.stop())
-    while not task.done():
-        await clock.advance(0.05)
-    await task
 
 
 def engine(jobs: SingletonJobs) -> Engine:
