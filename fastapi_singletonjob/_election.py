@@ -314,5 +314,14 @@ class Elector:
             return 0
         for job in values:
             self.leases[job].value = None
-        logger.info("node %s released leadership of %s", self.node_id, ", ".join(values))
+        jobs_text = ", ".join(values)
+        if released == len(values):
+            logger.info("node %s released leadership of %s", self.node_id, jobs_text)
+        else:  # a lock that expired or was taken over meanwhile is not deleted
+            logger.info(
+                "node %s released %d of its locks (%s); the others were no longer its own",
+                self.node_id,
+                released,
+                jobs_text,
+            )
         return released
