@@ -1,5 +1,7 @@
-"""*How* a job runs: claim its instant, run it on the loop or in a thread, watch its deadline,
-record how it ended. *When* it runs is the ticker's business (``_ticker.py``).
+"""*How* a job runs: claim its instant, read its checkpoint at a term's first run, call it
+(``_invoke.py``: on the loop or in a thread, under its timeout), record how it ended, here and
+in the checkpoint. *When* it runs is the ticker's business (``_ticker.py``), and what a new
+leader does about the runs no node made is ``_misfire.py``'s.
 
 A job has at most one run in flight: a tick that comes while a run is still going is dropped
 and counted, never queued. Leadership is checked synchronously right before the job's code
