@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ReadOnlyError, ResponseError
 
 from . import _keys, _scripts
+from ._batch import Batcher
 from ._checkpoint import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     ITERATION_DIGITS,
@@ -232,18 +233,37 @@ class RedisCheckpoints:
         *,
         timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
     ) -> Checkpoint | None:
-        """See ``LeaseStore.record_run``: one ``EVALSHA`` of ``RECORD_RUN``."""
+        """See ``LeaseStore.record_run``: one ``EVALSHA`` of ``RECORD_RUN``, with the runs
+        of other jobs that ended while this node's previous write was in flight."""
         args = _run_args(token, node_id, outcome, scheduled_at, completed_at, error, retention_s)
-        script = self._checkpoint_scripts[0]
-        reply = await self._checkpoint_call(
-            f"record a run of job {job!r} (whether it did is unknown)",
-            script(keys=self._checkpoint_keys(job), args=args),
-            timeout_s,
-        )
+        reply = await self._record_batcher.submit((job, args), timeout_s)
         if not isinstance(reply, list):  # -1: the term is over
             return None
         fields = zip(RUN_FIELDS, reply, strict=True)
         return written(job, {key: value for key, value in fields if value is not None})
+
+    @functools.cached_property
+    def _record_batcher(self) -> Batcher[tuple[str, list[str]], Any]:
+        return Batcher(self._record_runs)
+
+    async def _record_runs(
+        self, runs: Sequence[tuple[str, list[str]]], timeout_s: float
+    ) -> list[Any]:
+        """One ``RECORD_RUN`` call for ``runs`` (job, ARGV): one reply each."""
+        jobs = [job for job, _ in runs]
+        what = (
+            f"record a run of job {jobs[0]!r} (whether it did is unknown)"
+            if len(jobs) == 1
+            else f"record the runs of {len(jobs)} jobs {jobs[:3]!r}"
+            f"{'...' if len(jobs) > 3 else ''} (whether they were is unknown)"
+        )
+        keys = [key for job in jobs for key in self._checkpoint_keys(job)]
+        args = [arg for _, job_args in runs for arg in job_args]
+        script = self._checkpoint_scripts[0]
+        replies: list[Any] = await self._checkpoint_call(
+            what, script(keys=keys, args=args), timeout_s
+        )
+        return replies
 
     async def save_state(
         self,

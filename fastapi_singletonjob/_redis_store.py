@@ -371,6 +371,7 @@ class RedisLeaseStore(RedisCheckpoints):
     async def aclose(self) -> None:
         """Close this store's own pool; a user's client stays open."""
         try:
+            await self._record_batcher.aclose()
             await self._claims.aclose(close_connection_pool=True)
         finally:
             await self._redis.aclose(close_connection_pool=True)

@@ -171,59 +171,74 @@ end
 return 1
 """
 
-# The start of the checkpoint scripts (see ``_checkpoint``): the fence, then the record's repair.
+# The start of the checkpoint scripts (see ``_checkpoint``): fenced(lock, record, token), the
+# fence and then the record's repair, given a job's lock key, its checkpoint key (a hash) and
+# the fencing token of the caller's term in decimal (never "").
 #
-# KEYS[1] - lock key of the job        KEYS[2] - checkpoint key of the job (a hash)
-# ARGV[1] - the fencing token of the caller's term, in decimal (never "")
-#
-# Returns -1, having written nothing, unless the lock holds a value of that term: its token is
+# Returns false, having written nothing, unless the lock holds a value of that term: its token is
 # read with the pattern CLAIM and RELEASE use, and compared as text, so tokens up to 2^63 - 1
 # stay exact (Lua numbers are doubles). A checkpoint key of another type, or a hash without a
 # whole-number "iteration" (which HINCRBY could not add to), is not a record: it is deleted,
 # and the write starts a new one. ``read_checkpoint`` reports exactly those as no checkpoint.
 _CHECKPOINT_FENCE = """
-local value = redis.call('GET', KEYS[1])
-if not value or string.match(value, '^(%d+)|') ~= ARGV[1] then
-  return -1
-end
-local kind = redis.call('TYPE', KEYS[2])['ok']
-if kind ~= 'none' then
-  local iteration = kind == 'hash' and redis.call('HGET', KEYS[2], 'iteration')
-  if not iteration or #iteration > 18 or not string.match(iteration, '^%d+$') then
-    redis.call('DEL', KEYS[2])
+local function fenced(lock, record, token)
+  local value = redis.call('GET', lock)
+  if not value or string.match(value, '^(%d+)|') ~= token then
+    return false
   end
+  local kind = redis.call('TYPE', record)['ok']
+  if kind ~= 'none' then
+    local iteration = kind == 'hash' and redis.call('HGET', record, 'iteration')
+    if not iteration or #iteration > 18 or not string.match(iteration, '^%d+$') then
+      redis.call('DEL', record)
+    end
+  end
+  return true
 end
 """
 
-# Record a finished run in the job's checkpoint, if the caller's term still holds the lock.
+# Record finished runs in their jobs' checkpoints, each if its caller's term still holds the
+# job's lock: the runs that ended on one node while its previous write was in flight, sent
+# together (one round trip however many jobs share an instant).
 #
-# KEYS[1] - lock key of the job        KEYS[2] - checkpoint key of the job
-# ARGV[1] - fencing token of the caller's term     ARGV[2] - node id of the caller
-# ARGV[3] - outcome: "success", "failed", "timeout" or "cancelled"
-# ARGV[4] - the run's scheduled instant, µs since the epoch    ARGV[5] - its end, the same
-# ARGV[6] - the error, already shortened, or "" for none
-# ARGV[7] - retention of the record, in milliseconds
+# KEYS[2i-1] - lock key of job i        KEYS[2i] - checkpoint key of job i
+# ARGV[7i-6] - fencing token of the caller's term for job i     ARGV[7i-5] - node id of the caller
+# ARGV[7i-4] - outcome: "success", "failed", "timeout" or "cancelled"
+# ARGV[7i-3] - the run's scheduled instant, µs since the epoch    ARGV[7i-2] - its end, the same
+# ARGV[7i-1] - the error, already shortened, or "" for none
+# ARGV[7i]   - retention of the record, in milliseconds
 #
-# Returns -1 (nothing written) when the term no longer holds the lock; else the whole record
-# after the write, as HGETALL returns it. A success adds one to "iteration" and clears
+# Returns one value per job, in order: -1 (nothing written) when the term no longer holds the
+# lock; else the record after the write, the fields of ``RUN_FIELDS`` as HMGET returns them
+# (all but the state, which the caller knows). A success adds one to "iteration" and clears
 # "last_error"; any other outcome keeps "iteration" (and every run keeps "state"). All fields
 # are strings, so µs times and tokens stay exact. Each write sets the record's expiry to the
 # retention; ELECT is to refresh it while a node leads the job.
 RECORD_RUN = (
     _CHECKPOINT_FENCE
     + """
-local record, success = KEYS[2], ARGV[3] == 'success'
-redis.call('HINCRBY', record, 'iteration', success and 1 or 0)
-redis.call('HSET', record, 'last_outcome', ARGV[3], 'last_scheduled_us', ARGV[4],
-  'last_completed_us', ARGV[5], 'node_id', ARGV[2], 'fencing_token', ARGV[1])
-if success or ARGV[6] == '' then
-  redis.call('HDEL', record, 'last_error')
-else
-  redis.call('HSET', record, 'last_error', ARGV[6])
+local out = {}
+for i = 1, #KEYS / 2 do
+  local lock, record, a = KEYS[2 * i - 1], KEYS[2 * i], 7 * (i - 1)
+  if fenced(lock, record, ARGV[a + 1]) then
+    local outcome = ARGV[a + 3]
+    local success = outcome == 'success'
+    redis.call('HINCRBY', record, 'iteration', success and 1 or 0)
+    redis.call('HSET', record, 'last_outcome', outcome, 'last_scheduled_us', ARGV[a + 4],
+      'last_completed_us', ARGV[a + 5], 'node_id', ARGV[a + 2], 'fencing_token', ARGV[a + 1])
+    if success or ARGV[a + 6] == '' then
+      redis.call('HDEL', record, 'last_error')
+    else
+      redis.call('HSET', record, 'last_error', ARGV[a + 6])
+    end
+    redis.call('PEXPIRE', record, ARGV[a + 7])
+    out[i] = redis.call('HMGET', record, 'iteration', 'last_scheduled_us', 'last_completed_us',
+      'last_outcome', 'last_error', 'node_id', 'fencing_token')
+  else
+    out[i] = -1
+  end
 end
-redis.call('PEXPIRE', record, ARGV[7])
-return redis.call('HMGET', record, 'iteration', 'last_scheduled_us', 'last_completed_us',
-  'last_outcome', 'last_error', 'node_id', 'fencing_token')
+return out
 """
 )
 
@@ -239,6 +254,9 @@ return redis.call('HMGET', record, 'iteration', 'last_scheduled_us', 'last_compl
 SAVE_STATE = (
     _CHECKPOINT_FENCE
     + """
+if not fenced(KEYS[1], KEYS[2], ARGV[1]) then
+  return -1
+end
 redis.call('HINCRBY', KEYS[2], 'iteration', 0)
 redis.call('HSET', KEYS[2], 'state', ARGV[3], 'node_id', ARGV[2], 'fencing_token', ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])

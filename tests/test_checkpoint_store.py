@@ -587,6 +587,50 @@ async def test_redis_one_write_is_one_script_call(
 
 
 @pytest.mark.redis
+async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced(
+    fresh_redis: RedisServerFactory, unique_project: str
+) -> None:
+    """Writes made while one is in flight go together: 1 + 1 script calls for 51 jobs ending
+    on one instant, and each job of the batch is fenced on its own (a stale token is refused
+    without refusing the others)."""
+    server = fresh_redis()
+    store = RedisLeaseStore(unique_project, url=server.url)
+    jobs = [f"job-{i}" for i in range(51)]
+    try:
+        replies = await store.elect("n1#nonce", [LeaseRequest(job, TTL_S) for job in jobs])
+        tokens = [reply.token for reply in replies]
+        assert all(token is not None for token in tokens)
+        stale = jobs[7]
+        with server.client() as client:
+            client.delete(_keys.lock_key(unique_project, stale))  # its term is over
+            client.config_resetstat()
+
+            async def run(job: str, token: int) -> Checkpoint | None:
+                return await store.record_run(
+                    job, token, "n1", Outcome.SUCCESS, SCHEDULED, COMPLETED, None, RETENTION_S
+                )
+
+            written = await asyncio.gather(
+                *(run(job, token) for job, token in zip(jobs, tokens, strict=True) if token)
+            )
+            calls = _calls(client)
+            stored = {
+                job: client.hget(_keys.checkpoint_key(unique_project, job), "iteration")
+                for job in jobs
+            }
+    finally:
+        await store.aclose()
+
+    assert calls.get("evalsha") == 2, calls  # the first alone, the 50 others together
+    for job, checkpoint in zip(jobs, written, strict=True):
+        if job == stale:
+            assert checkpoint is None and stored[job] is None
+        else:
+            assert checkpoint is not None and checkpoint.iteration == 1, (job, checkpoint)
+            assert stored[job] == "1"
+
+
+@pytest.mark.redis
 async def test_redis_a_bad_value_fails_before_any_traffic(
     fresh_redis: RedisServerFactory, unique_project: str
 ) -> None:

@@ -1,0 +1,112 @@
+"""``Batcher``: one call in flight, the items submitted meanwhile sent together next."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from fastapi_singletonjob._batch import Batcher
+
+
+class Sender:
+    """Records each batch; each call waits until released, so that tests control overlap."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.timeouts: list[float] = []
+        self.gate = asyncio.Event()
+        self.fail: Exception | None = None
+
+    async def __call__(self, items: Sequence[int], timeout_s: float) -> list[int]:
+        self.batches.append(list(items))
+        self.timeouts.append(timeout_s)
+        await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        return [item * 10 for item in items]
+
+
+async def test_a_lone_item_goes_at_once_and_later_ones_together() -> None:
+    sender = Sender()
+    batcher: Batcher[int, int] = Batcher(sender)
+    first = asyncio.create_task(batcher.submit(1, 5.0))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert sender.batches == [[1]]  # sent without waiting for company
+    rest = [asyncio.create_task(batcher.submit(i, 5.0)) for i in (2, 3, 4)]
+    await asyncio.sleep(0)
+    sender.gate.set()
+    assert await first == 10
+    assert [await task for task in rest] == [20, 30, 40]
+    assert sender.batches == [[1], [2, 3, 4]]
+
+
+async def test_the_batch_is_bounded_by_the_shortest_time_left() -> None:
+    sender = Sender()
+    batcher: Batcher[int, int] = Batcher(sender)
+    first = asyncio.create_task(batcher.submit(1, 5.0))
+    await asyncio.sleep(0)
+    rest = [
+        asyncio.create_task(batcher.submit(2, 5.0)),
+        asyncio.create_task(batcher.submit(3, 2.0)),
+    ]
+    await asyncio.sleep(0)
+    sender.gate.set()
+    await asyncio.gather(first, *rest)
+    assert 1.5 < sender.timeouts[1] <= 2.0
+
+
+async def test_an_error_is_each_callers_and_the_next_batch_still_goes() -> None:
+    sender = Sender()
+    batcher: Batcher[int, int] = Batcher(sender)
+    sender.fail = ConnectionError("down")
+    sender.gate.set()
+    results = await asyncio.gather(
+        batcher.submit(1, 5.0), batcher.submit(2, 5.0), return_exceptions=True
+    )
+    assert all(isinstance(result, ConnectionError) for result in results)
+    sender.fail = None
+    assert await batcher.submit(3, 5.0) == 30
+
+
+async def test_a_caller_cancelled_before_its_batch_is_left_out() -> None:
+    sender = Sender()
+    batcher: Batcher[int, int] = Batcher(sender)
+    first = asyncio.create_task(batcher.submit(1, 5.0))
+    await asyncio.sleep(0)
+    gone = asyncio.create_task(batcher.submit(2, 5.0))
+    kept = asyncio.create_task(batcher.submit(3, 5.0))
+    await asyncio.sleep(0)
+    gone.cancel()
+    sender.gate.set()
+    assert await first == 10 and await kept == 30
+    assert sender.batches == [[1], [3]]
+
+
+async def test_an_item_whose_time_ran_out_while_waiting_is_not_sent() -> None:
+    sender = Sender()
+    batcher: Batcher[int, int] = Batcher(sender)
+    first = asyncio.create_task(batcher.submit(1, 5.0))
+    await asyncio.sleep(0)
+    late = asyncio.create_task(batcher.submit(2, 0.01))
+    await asyncio.sleep(0.05)
+    sender.gate.set()
+    assert await first == 10
+    with pytest.raises(ConnectionError, match="time ran out"):
+        await late
+    assert sender.batches == [[1]]
+
+
+async def test_close_fails_what_is_not_answered() -> None:
+    sender = Sender()
+    batcher: Batcher[int, int] = Batcher(sender)
+    first = asyncio.create_task(batcher.submit(1, 5.0))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(batcher.submit(2, 5.0))
+    await asyncio.sleep(0)
+    await batcher.aclose()
+    for task in (first, waiting):
+        with pytest.raises(ConnectionError, match="closed"):
+            await task
