@@ -4,9 +4,9 @@ together, as one call.
 Many jobs can end on one instant (a hundred jobs every second, a cron minute), and each
 writes its checkpoint. One script call per write costs each a round trip and, mostly, the
 client's own work per command (about a millisecond of redis-py CPU), all on the event loop
-that also times the ticks. Here the first write goes at once, alone; those that come while it
-is in flight go together in the next call, and so on: no added delay when writes are rare,
-one call per round trip when they are not.
+that also times the ticks. Here a write goes at the next turn of the event loop, with those
+made in the same turn; those that come while it is in flight go together in the next call,
+and so on: no added delay when writes are rare, one call per round trip when they are not.
 """
 
 from __future__ import annotations

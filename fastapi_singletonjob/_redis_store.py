@@ -14,8 +14,10 @@ module created are closed; a client passed in by the user is never closed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +28,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 
 from . import _keys, _scripts
+from ._batch import Batcher
 from ._checkpoint_store import RedisCheckpoints
 from ._redact import redact_url
 from ._store import (
@@ -251,15 +254,35 @@ class RedisLeaseStore(RedisCheckpoints):
     async def claim(
         self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
     ) -> int:
-        """See ``LeaseStore.claim``: one script call, judged on the Redis server's clock."""
+        """See ``LeaseStore.claim``: one script call, judged on the Redis server's clock,
+        with the claims of other jobs made while this node's previous claim was in flight."""
         if not is_lock_value(value):
             return -1
-        keys = [_keys.lock_key(self._project, job), _keys.last_key(self._project, job)]
+        reply = await self._claim_batcher.submit(
+            (job, [value, str(instant_us), str(max_ahead_us)]), math.inf
+        )
+        return int(reply)
+
+    @functools.cached_property
+    def _claim_batcher(self) -> Batcher[tuple[str, list[str]], int]:
+        return Batcher(self._claim_all)
+
+    async def _claim_all(
+        self, claims: Sequence[tuple[str, list[str]]], timeout_s: float
+    ) -> list[int]:
+        """One ``CLAIM`` call for ``claims`` (job, ARGV): one reply each. Unbounded, as a
+        claim has always been: the pool's socket timeouts bound it."""
+        keys = [
+            key
+            for job, _ in claims
+            for key in (_keys.lock_key(self._project, job), _keys.last_key(self._project, job))
+        ]
+        args = [arg for _, claim_args in claims for arg in claim_args]
         try:
-            result: int = await self._claim(keys=keys, args=[value, instant_us, max_ahead_us])
+            replies: list[int] = await self._claim(keys=keys, args=args)
         except ReadOnlyError as exc:
             raise await self._read_only("a read-only replica") from exc
-        return int(result)
+        return replies
 
     async def listen_releases(
         self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
@@ -372,6 +395,7 @@ class RedisLeaseStore(RedisCheckpoints):
         """Close this store's own pool; a user's client stays open."""
         try:
             await self._record_batcher.aclose()
+            await self._claim_batcher.aclose()
             await self._claims.aclose(close_connection_pool=True)
         finally:
             await self._redis.aclose(close_connection_pool=True)

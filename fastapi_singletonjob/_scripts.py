@@ -122,53 +122,63 @@ end
 return released
 """
 
-# Claim one instant of a job before running it, so that no instant runs twice across leaders.
+# Claim instants of jobs before running them, so that no instant runs twice across leaders:
+# the claims made while the node's previous claim was in flight, sent together.
 #
-# KEYS[1] - lock key of the job        KEYS[2] - "last instant" key of the job
-# ARGV[1] - the exact lock value "<token>|<owner id>" the caller holds (never "")
-# ARGV[2] - the instant, in whole microseconds since the Unix epoch
-# ARGV[3] - how far the instant may lie ahead of the server clock, in microseconds
+# KEYS[2i-1] - lock key of job i       KEYS[2i] - "last instant" key of job i
+# ARGV[3i-2] - the exact lock value "<token>|<owner id>" the caller holds for job i (never "")
+# ARGV[3i-1] - the instant, in whole microseconds since the Unix epoch
+# ARGV[3i]   - how far the instant may lie ahead of the server clock, in microseconds
 #
 # The "last instant" key holds "<instant µs>:<fencing token of the term that claimed it>" (a bare
-# "<instant µs>" from older versions reads the same). Returns -1 when the caller no longer holds
-# the lock; 1 when the instant is the one this very term claimed last (a claim retried after its
-# reply was lost is not mistaken for another leader's); else 0 when the instant is not later
-# than every instant claimed before (already run); else 1 when it is recorded, or -2 when the
-# instant
-# is later than server time + ARGV[3]: the caller's
-# wall clock runs ahead, and recording the instant would make every node skip the instants
-# before it. Nothing is recorded then. The record is written with pcall: when Redis refuses
-# writes (out of memory under noeviction) the instant is still judged against the instants
-# recorded before, and runs, rather than silence the job while Redis is full. Times in µs since
-# the epoch stay below 2^53, so Lua's doubles hold them exactly.
+# "<instant µs>" from older versions reads the same). Returns, per claim in order: -1 when the
+# caller no longer holds the lock; 1 when the instant is the one this very term claimed last (a
+# claim retried after its reply was lost is not mistaken for another leader's); else 0 when the
+# instant is not later than every instant claimed before (already run); else 1 when it is
+# recorded, or -2 when the instant is later than server time + ARGV[3i]: the caller's wall clock
+# runs ahead, and recording the instant would make every node skip the instants before it.
+# Nothing is recorded then. The record is written with pcall: when Redis refuses writes (out of
+# memory under noeviction) the instant is still judged against the instants recorded before,
+# and runs, rather than silence the job while Redis is full; on a replica (READONLY) the whole
+# call fails. Times in µs since the epoch stay below 2^53, so Lua's doubles hold them exactly.
 CLAIM = """
-if ARGV[1] == '' or redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return -1
-end
-local instant = tonumber(ARGV[2])
-local token = string.match(ARGV[1], '^(%d+)|')
-local stored = redis.call('GET', KEYS[2])
-local last, by = -1, nil
-if stored then
-  local at, who = string.match(stored, '^(%d+):?(%d*)$')
-  last, by = tonumber(at) or -1, who
-end
-if instant == last and by == token then
+local now_us = nil
+local function claim(lock, last_key, held, instant_text, ahead)
+  if held == '' or redis.call('GET', lock) ~= held then
+    return -1
+  end
+  local instant = tonumber(instant_text)
+  local token = string.match(held, '^(%d+)|')
+  local stored = redis.call('GET', last_key)
+  local last, by = -1, nil
+  if stored then
+    local at, who = string.match(stored, '^(%d+):?(%d*)$')
+    last, by = tonumber(at) or -1, who
+  end
+  if instant == last and by == token then
+    return 1
+  end
+  if instant <= last then
+    return 0
+  end
+  if not now_us then
+    local t = redis.call('TIME')
+    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  if instant > now_us + tonumber(ahead) then
+    return -2
+  end
+  local written = redis.pcall('SET', last_key, instant_text .. ':' .. token)
+  if type(written) == 'table' and written.err and string.sub(written.err, 1, 8) == 'READONLY' then
+    error(written)
+  end
   return 1
 end
-if instant <= last then
-  return 0
+local out = {}
+for i = 1, #KEYS / 2 do
+  out[i] = claim(KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i])
 end
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if instant > now_us + tonumber(ARGV[3]) then
-  return -2
-end
-local written = redis.pcall('SET', KEYS[2], ARGV[2] .. ':' .. token)
-if type(written) == 'table' and written.err and string.sub(written.err, 1, 8) == 'READONLY' then
-  return redis.error_reply(written.err)
-end
-return 1
+return out
 """
 
 # The start of the checkpoint scripts (see ``_checkpoint``): fenced(lock, record, token), the

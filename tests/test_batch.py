@@ -6,8 +6,11 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
+from servers import RedisServerFactory
 
 from fastapi_singletonjob._batch import Batcher
+from fastapi_singletonjob._redis_store import RedisLeaseStore
+from fastapi_singletonjob._store import LeaseRequest
 
 
 class Sender:
@@ -110,3 +113,36 @@ async def test_close_fails_what_is_not_answered() -> None:
     for task in (first, waiting):
         with pytest.raises(ConnectionError, match="closed"):
             await task
+
+
+@pytest.mark.redis
+async def test_redis_claims_made_together_cost_two_script_calls(
+    fresh_redis: RedisServerFactory, unique_project: str
+) -> None:
+    """Forty jobs claim one instant at once: one call, or two (when the first claim went
+    before the others were made); each judged on its own (an instant claimed before, a lock
+    not held)."""
+    server = fresh_redis()
+    store = RedisLeaseStore(unique_project, url=server.url)
+    jobs = [f"job-{i}" for i in range(40)]
+    instant_us = 1_700_000_000_000_000
+    try:
+        terms = await store.elect("n1#nonce", [LeaseRequest(job, 60.0) for job in jobs])
+        values = [term.value or "" for term in terms]
+        assert await store.claim(jobs[3], values[3], instant_us) == 1  # claimed before
+        with server.client() as client:
+            client.config_resetstat()
+            claimed = await asyncio.gather(
+                *(
+                    store.claim(job, value, instant_us)
+                    for job, value in zip(jobs, values, strict=True)
+                ),
+                store.claim(jobs[5], "1|someone-else#x", instant_us),
+            )
+            calls = client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    finally:
+        await store.aclose()
+    *mine, foreign = claimed
+    assert foreign == -1
+    assert mine == [1] * 40  # job-3's own claim retried by its term reads as its own
+    assert calls <= 2

@@ -590,8 +590,8 @@ async def test_redis_one_write_is_one_script_call(
 async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced(
     fresh_redis: RedisServerFactory, unique_project: str
 ) -> None:
-    """Writes made while one is in flight go together: 1 + 1 script calls for 51 jobs ending
-    on one instant, and each job of the batch is fenced on its own (a stale token is refused
+    """Writes made while one is in flight go together: at most 2 script calls for 51 jobs
+    ending on one instant, and each job of the batch is fenced on its own (a stale token is refused
     without refusing the others)."""
     server = fresh_redis()
     store = RedisLeaseStore(unique_project, url=server.url)
@@ -621,7 +621,7 @@ async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced
     finally:
         await store.aclose()
 
-    assert calls.get("evalsha") == 2, calls  # the first alone, the 50 others together
+    assert calls.get("evalsha", 0) <= 2, calls  # the first may go alone, then the others
     for job, checkpoint in zip(jobs, written, strict=True):
         if job == stale:
             assert checkpoint is None and stored[job] is None
