@@ -26,12 +26,10 @@ import asyncio
 import hashlib
 import itertools
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,6 +53,7 @@ from checkpoint_proc import (
     Run,
     now,
 )
+from process_fleet import EXIT_S, POLL_S, STARTUP_S, ProcessFleet
 from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
@@ -73,10 +72,7 @@ pytestmark = pytest.mark.redis
 
 T = TypeVar("T")
 
-STARTUP_S = 20.0  # interpreters importing FastAPI at once, on a busy machine
-EXIT_S = 5.0  # shutdown_timeout (1 s) plus the release, with room to spare
 TAKEOVER_S = LOCK_EXPIRY_S + 4.0
-POLL_S = 0.01
 PHASE_RUNS = 5
 """Runs each phase of the continuity test waits for before its next fault."""
 LONG_LOCK_EXPIRY_S = 4.0
@@ -96,48 +92,29 @@ next one, so every instant is either missed by the whole fleet or a regular tick
 # --- replicas ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Replica:
-    """One replica process and its files."""
+class Fleet(ProcessFleet):
+    """The ``checkpoint_proc`` replicas of one test, all of one mode."""
 
-    node: str
-    proc: subprocess.Popen[bytes]
-    journal: Path
-    log: Path
-    signalled: bool = False
-    """Sent SIGTERM or SIGKILL by the test: its exit is expected."""
-
-
-@dataclass
-class Fleet:
-    """The replica processes of one test, all of one ``checkpoint_proc`` mode; :meth:`close`
-    kills whatever still runs (resuming stopped ones first)."""
-
-    url: str
-    project: str
-    workdir: Path
-    mode: str
-    lock_expiry_s: float = LOCK_EXPIRY_S
-    replicas: dict[str, Replica] = field(default_factory=dict)
+    def __init__(
+        self, url: str, project: str, workdir: Path, mode: str, lock_expiry_s: float = LOCK_EXPIRY_S
+    ) -> None:
+        super().__init__(workdir)
+        self.url = url
+        self.project = project
+        self.mode = mode
+        self.lock_expiry_s = lock_expiry_s
 
     def start(self, *nodes: str, wait_for: Path | None = None) -> None:
         for node in nodes:
-            assert node not in self.replicas, f"node {node} was started before"
-            journal = self.workdir / f"{node}.jsonl"
-            log = self.workdir / f"{node}.log"
             args = [
                 *(sys.executable, checkpoint_proc.__file__, "--mode", self.mode),
                 *("--url", self.url, "--project", self.project),
-                *("--node", node, "--journal", str(journal)),
+                *("--node", node, "--journal", str(self.journal_of(node))),
                 *("--lock-expiry", str(self.lock_expiry_s)),
             ]
             if wait_for is not None:
                 args += ["--wait-for", str(wait_for)]
-            with open(log, "ab") as out:
-                proc = subprocess.Popen(
-                    args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-                )
-            self.replicas[node] = Replica(node, proc, journal, log)
+            self.spawn(node, args)
 
     def runs(self, job: str | None = None) -> list[Run]:
         """Every node's runs (of ``job``, if given) in start order; fails the test when a
@@ -161,46 +138,10 @@ class Fleet:
         assert runs, "no run yet"
         return runs[-1].node
 
-    def log(self, node: str) -> str:
-        path = self.replicas[node].log
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def check_alive(self) -> None:
-        for replica in self.replicas.values():
-            if not replica.signalled and replica.proc.poll() is not None:
-                raise AssertionError(f"{replica.node} exited on its own\n{self.describe()}")
-
-    def send(self, node: str, signum: signal.Signals) -> float:
-        """Send ``signum`` to ``node``; return when it was sent (journal clock)."""
-        replica = self.replicas[node]
-        if signum in (signal.SIGTERM, signal.SIGKILL):
-            replica.signalled = True
-        sent_at = now()
-        replica.proc.send_signal(signum)
-        return sent_at
-
-    def pause(self, node: str) -> None:
-        """SIGSTOP ``node``; returns once the kernel reports it stopped."""
-        self._signal_and_wait(node, signal.SIGSTOP, stopped=True)
-
-    def resume(self, node: str) -> None:
-        """SIGCONT ``node``; returns once it runs again."""
-        self._signal_and_wait(node, signal.SIGCONT, stopped=False)
-
-    def _signal_and_wait(self, node: str, signum: signal.Signals, *, stopped: bool) -> None:
-        proc = self.replicas[node].proc
-        proc.send_signal(signum)
-        # Field 3 of /proc/<pid>/stat, after the ")" that ends the command name, is the state.
-        stat = Path(f"/proc/{proc.pid}/stat")
-        deadline = time.monotonic() + EXIT_S
-        while (stat.read_text().rpartition(")")[2].split()[0] == "T") != stopped:
-            assert time.monotonic() < deadline, f"{node} did not react to {signum.name}"
-            time.sleep(0.001)
-
     async def wait_started(self, *nodes: str) -> float:
         """Wait until each of ``nodes`` has started its jobs; return when the last did."""
         await wait_until(
-            lambda: all(self.rows(node, "started") for node in nodes) or self._exited(nodes),
+            lambda: all(self.rows(node, "started") for node in nodes) or self.exited(nodes),
             STARTUP_S,
             f"{', '.join(nodes)} started",
             poll_s=POLL_S,
@@ -208,44 +149,10 @@ class Fleet:
         self.check_alive()
         return max(float(self.rows(node, "started")[0]["mono"]) for node in nodes)
 
-    def _exited(self, nodes: Sequence[str]) -> bool:
-        return any(self.replicas[node].proc.poll() is not None for node in nodes)
-
-    async def wait_exit(self, node: str) -> int:
-        proc = self.replicas[node].proc
-        await wait_until(lambda: proc.poll() is not None, EXIT_S, f"{node} exits", poll_s=POLL_S)
-        assert proc.returncode is not None
-        return proc.returncode
-
-    async def stop_all(self) -> None:
-        """SIGTERM every live replica and check that each exits 0."""
-        live = [r.node for r in self.replicas.values() if r.proc.poll() is None]
-        # Before "loaded" a replica has no SIGTERM handler yet: the signal would kill it.
-        await wait_until(
-            lambda: all(self.rows(node, "loaded") for node in live) or self._exited(live),
-            STARTUP_S,
-            f"{', '.join(live)} loaded",
-            poll_s=POLL_S,
-        )
-        for node in live:
-            self.send(node, signal.SIGTERM)
-        for node in live:
-            assert await self.wait_exit(node) == 0, self.describe()
-
-    def close(self) -> None:
-        for replica in self.replicas.values():
-            if replica.proc.poll() is None:
-                replica.proc.send_signal(signal.SIGCONT)
-                replica.proc.kill()
-            replica.proc.wait(EXIT_S)
-
-    def describe(self) -> str:
-        """Exit codes and log tails, for assertion messages."""
-        parts = []
-        for replica in self.replicas.values():
-            tail = "\n".join(self.log(replica.node).splitlines()[-15:])
-            parts.append(f"--- {replica.node} (exit {replica.proc.poll()}):\n{tail}")
-        return "\n".join(parts)
+    async def stop_all(self, ready: Callable[[str], bool] | None = None) -> None:
+        """SIGTERM every live replica once it has its handler ("loaded"), and check that each
+        exits 0."""
+        await super().stop_all(ready or (lambda node: bool(self.rows(node, "loaded"))))
 
 
 FleetFactory = Callable[..., Fleet]

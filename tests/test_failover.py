@@ -9,65 +9,43 @@ still when its leader stopped gracefully or was killed.
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import node_proc
 import pytest
 from node_proc import LOCK_EXPIRY_S, Run, first_and_last, max_concurrent, now, tokens_in_order
+from process_fleet import POLL_S, STARTUP_S, ProcessFleet
 from waiting import wait_until
 
 pytestmark = pytest.mark.redis
 
 NODES = ("n1", "n2", "n3")
-STARTUP_S = 20.0  # three interpreters importing FastAPI at once, on a busy machine
-EXIT_S = 5.0  # shutdown_timeout (1 s) plus the release, with room to spare
-POLL_S = 0.02
 GRACEFUL_GAP_MAX_S = 0.4
 KILL_GAP_MIN_S = 0.2
 KILL_GAP_MAX_S = LOCK_EXPIRY_S + 0.5
 
 
-@dataclass
-class Replica:
-    """One replica process and its files."""
-
-    node: str
-    proc: subprocess.Popen[bytes]
-    journal: Path
-    log: Path
-    killed_at: float | None = None
-
-
-class Cluster:
-    """The replica processes of one test; :meth:`close` kills whatever still runs."""
+class Cluster(ProcessFleet):
+    """Three ``node_proc`` replicas of one project."""
 
     def __init__(self, url: str, project: str, workdir: Path) -> None:
+        super().__init__(workdir)
         self.url = url
         self.project = project
-        self.workdir = workdir
-        self.replicas: dict[str, Replica] = {}
 
     def start(self, *nodes: str) -> None:
         for node in nodes:
-            journal = self.workdir / f"{node}.jsonl"
-            log = self.workdir / f"{node}.log"
-            with open(log, "ab") as out:
-                proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        node_proc.__file__,
-                        *("--url", self.url, "--project", self.project),
-                        *("--node", node, "--journal", str(journal)),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            self.replicas[node] = Replica(node, proc, journal, log)
+            self.spawn(
+                node,
+                [
+                    sys.executable,
+                    node_proc.__file__,
+                    *("--url", self.url, "--project", self.project),
+                    *("--node", node, "--journal", str(self.journal_of(node))),
+                ],
+            )
 
     def runs(self) -> list[Run]:
         """Every node's runs in start order; a killed node's unfinished run ends at the kill."""
@@ -83,44 +61,6 @@ class Cluster:
         """The node that ran last."""
         return self.runs()[-1].node
 
-    def signal(self, node: str, signum: signal.Signals) -> float:
-        """Send ``signum`` to ``node``; return when it was sent (journal clock)."""
-        replica = self.replicas[node]
-        sent_at = now()
-        replica.proc.send_signal(signum)
-        if signum == signal.SIGKILL:
-            replica.killed_at = sent_at
-        return sent_at
-
-    async def wait_exit(self, node: str) -> int:
-        proc = self.replicas[node].proc
-        await wait_until(lambda: proc.poll() is not None, EXIT_S, f"{node} exits", poll_s=POLL_S)
-        assert proc.returncode is not None
-        return proc.returncode
-
-    async def stop_all(self) -> None:
-        """SIGTERM every live replica and check that each exits 0."""
-        live = [r.node for r in self.replicas.values() if r.proc.poll() is None]
-        for node in live:
-            self.signal(node, signal.SIGTERM)
-        for node in live:
-            assert await self.wait_exit(node) == 0, self.describe()
-
-    def close(self) -> None:
-        for replica in self.replicas.values():
-            if replica.proc.poll() is None:
-                replica.proc.kill()
-            replica.proc.wait(EXIT_S)
-
-    def describe(self) -> str:
-        """Exit codes and log tails, for assertion messages."""
-        parts = []
-        for replica in self.replicas.values():
-            text = replica.log.read_text(errors="replace") if replica.log.exists() else ""
-            tail = "\n".join(text.splitlines()[-15:])
-            parts.append(f"--- {replica.node} (exit {replica.proc.poll()}):\n{tail}")
-        return "\n".join(parts)
-
 
 @pytest.fixture
 async def cluster(redis_url: str, unique_project: str, tmp_path: Path) -> AsyncIterator[Cluster]:
@@ -135,12 +75,12 @@ async def start_and_settle(cluster: Cluster, settle_s: float) -> None:
     """Start the three replicas and wait until the job has run for ``settle_s`` seconds."""
     cluster.start(*NODES)
     await wait_until(
-        lambda: bool(cluster.runs()) or _any_exited(cluster),
+        lambda: bool(cluster.runs()) or cluster.exited(),
         STARTUP_S,
         "a first run",
         poll_s=POLL_S,
     )
-    assert not _any_exited(cluster), cluster.describe()
+    assert not cluster.exited(), cluster.describe()
     first = cluster.runs()[0].start
     await wait_until(
         lambda: cluster.runs()[-1].start - first >= settle_s,
@@ -148,10 +88,6 @@ async def start_and_settle(cluster: Cluster, settle_s: float) -> None:
         f"{settle_s} s of runs",
         poll_s=POLL_S,
     )
-
-
-def _any_exited(cluster: Cluster) -> bool:
-    return any(r.proc.poll() is not None for r in cluster.replicas.values())
 
 
 def successor_after(cluster: Cluster, old: str, since: float) -> Run | None:
@@ -177,7 +113,7 @@ async def test_exactly_one_replica_runs_at_a_time(cluster: Cluster) -> None:
 async def test_graceful_stop_hands_over_within_a_tick(cluster: Cluster) -> None:
     await start_and_settle(cluster, 0.5)
     old = cluster.leader()
-    terminated_at = cluster.signal(old, signal.SIGTERM)
+    terminated_at = cluster.send(old, signal.SIGTERM)
 
     assert await cluster.wait_exit(old) == 0, cluster.describe()
     await wait_until(
@@ -205,7 +141,7 @@ async def test_graceful_stop_hands_over_within_a_tick(cluster: Cluster) -> None:
 async def test_killed_leader_is_replaced_after_lock_expiry(cluster: Cluster) -> None:
     await start_and_settle(cluster, 0.5)
     old = cluster.leader()
-    killed_at = cluster.signal(old, signal.SIGKILL)
+    killed_at = cluster.send(old, signal.SIGKILL)
 
     assert await cluster.wait_exit(old) == -signal.SIGKILL
     await wait_until(
