@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 from ._errors import ConfigurationError
 from ._lease import MAX_TOKEN
+from ._state import Outcome
 
 if TYPE_CHECKING:
     pass
@@ -54,6 +55,8 @@ __all__ = [
     "DEFAULT_MAX_STATE_BYTES",
     "MAX_ERROR_CHARS",
     "Checkpoint",
+    "FinishedRun",
+    "StateSave",
     "JSONValue",
     "ITERATION_DIGITS",
     "checked",
@@ -84,6 +87,36 @@ JSONValue: TypeAlias = Union[  # noqa: UP007 (a recursive alias needs the string
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_US = timedelta(microseconds=1)
 ITERATION_DIGITS = 18  # HINCRBY's 64 bits; the scripts repair a longer count the same way
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRun:
+    """A run to record in its job's checkpoint, fenced by its term (``record_run``)."""
+
+    job: str
+    token: int
+    """The fencing token of the term that ran it."""
+    node_id: str
+    outcome: Outcome
+    scheduled_at: datetime
+    completed_at: datetime
+    error: str | None
+    """What the run raised, in a line; cut to ``MAX_ERROR_CHARS`` when stored."""
+    retention_s: float
+    """How long the record outlives the last write while no node leads the job."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateSave:
+    """A state to store in its job's checkpoint, fenced by its term (``save_state``)."""
+
+    job: str
+    token: int
+    """The fencing token of the term that saves it."""
+    node_id: str
+    state_json: str
+    """The state as ``encode_state`` made it."""
+    retention_s: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,6 @@ import asyncio
 import functools
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
@@ -22,6 +21,8 @@ from ._checkpoint import (
     ITERATION_DIGITS,
     MAX_ERROR_CHARS,
     Checkpoint,
+    FinishedRun,
+    StateSave,
     checked,
     digits,
     not_a_record,
@@ -71,24 +72,16 @@ def _retention_ms(retention_s: float) -> str:
     return str(max(1, round(retention_s * 1000)))
 
 
-def _run_args(
-    token: int,
-    node_id: str,
-    outcome: Outcome,
-    scheduled_at: datetime,
-    completed_at: datetime,
-    error: str | None,
-    retention_s: float,
-) -> list[str]:
-    """ARGV of ``RECORD_RUN``, checked; the memory store reads the same list."""
+def _run_args(run: FinishedRun) -> list[str]:
+    """ARGV of ``RECORD_RUN`` for ``run``, checked; the memory store reads the same list."""
     return [
-        _token_text(token),
-        node_id,
-        Outcome(outcome).value,
-        str(to_unix_us(scheduled_at)),
-        str(to_unix_us(completed_at)),
-        _shorten_error(error),
-        _retention_ms(retention_s),
+        _token_text(run.token),
+        run.node_id,
+        Outcome(run.outcome).value,
+        str(to_unix_us(run.scheduled_at)),
+        str(to_unix_us(run.completed_at)),
+        _shorten_error(run.error),
+        _retention_ms(run.retention_s),
     ]
 
 
@@ -101,22 +94,12 @@ class MemoryCheckpoints:
     _key: Callable[[str], str]
 
     async def record_run(
-        self,
-        job: str,
-        token: int,
-        node_id: str,
-        outcome: Outcome,
-        scheduled_at: datetime,
-        completed_at: datetime,
-        error: str | None,
-        retention_s: float,
-        *,
-        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> Checkpoint | None:
         """See ``LeaseStore.record_run``; ``timeout_s`` is not used (no I/O)."""
-        args = _run_args(token, node_id, outcome, scheduled_at, completed_at, error, retention_s)
+        args, job = _run_args(run), run.job
         await asyncio.sleep(0)  # a real store is a suspension point too
-        record = self._fenced(job, token)
+        record = self._fenced(job, run.token)
         if record is None:
             return None
         success = args[2] == Outcome.SUCCESS.value
@@ -125,7 +108,7 @@ class MemoryCheckpoints:
             last_outcome=args[2],
             last_scheduled_us=args[3],
             last_completed_us=args[4],
-            node_id=node_id,
+            node_id=run.node_id,
             fencing_token=args[0],
         )
         if success or not args[5]:
@@ -136,23 +119,16 @@ class MemoryCheckpoints:
         return written(job, {key: value for key, value in record.items() if key in RUN_FIELDS})
 
     async def save_state(
-        self,
-        job: str,
-        token: int,
-        node_id: str,
-        state_json: str,
-        retention_s: float,
-        *,
-        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+        self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
         """See ``LeaseStore.save_state``; ``timeout_s`` is not used (no I/O)."""
-        token_text, retention_ms = _token_text(token), _retention_ms(retention_s)
+        token_text, retention_ms = _token_text(save.token), _retention_ms(save.retention_s)
         await asyncio.sleep(0)
-        record = self._fenced(job, token)
+        record = self._fenced(save.job, save.token)
         if record is None:
             return False
-        record.update(state=state_json, node_id=node_id, fencing_token=token_text)
-        self._keep(job, record, retention_ms)
+        record.update(state=save.state_json, node_id=save.node_id, fencing_token=token_text)
+        self._keep(save.job, record, retention_ms)
         return True
 
     async def read_checkpoint(
@@ -221,26 +197,15 @@ class RedisCheckpoints:
         )
 
     async def record_run(
-        self,
-        job: str,
-        token: int,
-        node_id: str,
-        outcome: Outcome,
-        scheduled_at: datetime,
-        completed_at: datetime,
-        error: str | None,
-        retention_s: float,
-        *,
-        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> Checkpoint | None:
         """See ``LeaseStore.record_run``: one ``EVALSHA`` of ``RECORD_RUN``, with the runs
         of other jobs that ended while this node's previous write was in flight."""
-        args = _run_args(token, node_id, outcome, scheduled_at, completed_at, error, retention_s)
-        reply = await self._record_batcher.submit((job, args), timeout_s)
+        reply = await self._record_batcher.submit((run.job, _run_args(run)), timeout_s)
         if not isinstance(reply, list):  # -1: the term is over
             return None
         fields = zip(RUN_FIELDS, reply, strict=True)
-        return written(job, {key: value for key, value in fields if value is not None})
+        return written(run.job, {key: value for key, value in fields if value is not None})
 
     @functools.cached_property
     def _record_batcher(self) -> Batcher[tuple[str, list[str]], Any]:
@@ -266,21 +231,15 @@ class RedisCheckpoints:
         return replies
 
     async def save_state(
-        self,
-        job: str,
-        token: int,
-        node_id: str,
-        state_json: str,
-        retention_s: float,
-        *,
-        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+        self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
         """See ``LeaseStore.save_state``: one ``EVALSHA`` of ``SAVE_STATE``."""
-        args = [_token_text(token), node_id, state_json, _retention_ms(retention_s)]
+        token, retention_ms = _token_text(save.token), _retention_ms(save.retention_s)
+        args = [token, save.node_id, save.state_json, retention_ms]
         script = self._checkpoint_scripts[1]
         reply = await self._checkpoint_call(
-            f"save the state of job {job!r} (whether it did is unknown)",
-            script(keys=self._checkpoint_keys(job), args=args),
+            f"save the state of job {save.job!r} (whether it did is unknown)",
+            script(keys=self._checkpoint_keys(save.job), args=args),
             timeout_s,
         )
         return int(reply) == 1

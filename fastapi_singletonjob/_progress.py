@@ -15,7 +15,7 @@ import json
 import logging
 from datetime import datetime
 
-from ._checkpoint import Checkpoint, JSONValue, encode_state
+from ._checkpoint import Checkpoint, FinishedRun, JSONValue, StateSave, encode_state
 from ._errors import LeadershipLost, UsageError
 from ._state import Outcome
 from ._store import CheckpointStore
@@ -91,7 +91,7 @@ class Progress:
         written = None
         try:
             if timeout_s > 0:  # else the term is over, and the store would refuse the write
-                written = await self._store.record_run(
+                run = FinishedRun(
                     self._job,
                     token,
                     self._node_id,
@@ -100,8 +100,8 @@ class Progress:
                     completed_at,
                     error,
                     self._retention_s,
-                    timeout_s=timeout_s,
                 )
+                written = await self._store.record_run(run, timeout_s=timeout_s)
         except Exception as exc:
             logger.warning(
                 "job %r: node %s could not record its run of %s in the checkpoint: %r",
@@ -130,14 +130,8 @@ class Progress:
         if timeout_s <= 0:
             raise self._lost(token)
         self._state_known = False  # until it is known whether the state was saved
-        saved = await self._store.save_state(
-            self._job,
-            token,
-            self._node_id,
-            state_json,
-            self._retention_s,
-            timeout_s=timeout_s,
-        )
+        save = StateSave(self._job, token, self._node_id, state_json, self._retention_s)
+        saved = await self._store.save_state(save, timeout_s=timeout_s)
         if not saved:
             raise self._lost(token)
         self._state, self._state_known = json.loads(state_json), True

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
-from ._checkpoint import DEFAULT_CHECKPOINT_TIMEOUT_S, Checkpoint
+from ._checkpoint import DEFAULT_CHECKPOINT_TIMEOUT_S, Checkpoint, FinishedRun, StateSave
 from ._checkpoint_store import MemoryCheckpoints
 from ._clock import Clock
 from ._lease import (
@@ -26,7 +26,6 @@ from ._lease import (
     parse_lock_value,
     shown_lock_value,
 )
-from ._state import Outcome
 
 __all__ = [  # lock values live in _lease; re-exported for the stores' callers
     "DEFAULT_KEEPALIVE_S",
@@ -177,22 +176,12 @@ class CheckpointStore(Protocol):
     of ``LeaseStore`` need not implement it before then."""
 
     async def record_run(
-        self,
-        job: str,
-        token: int,
-        node_id: str,
-        outcome: Outcome,
-        scheduled_at: datetime,
-        completed_at: datetime,
-        error: str | None,
-        retention_s: float,
-        *,
-        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> Checkpoint | None:
-        """Record a finished run of ``job`` in its checkpoint, if the lock still holds a value
-        of term ``token`` (checked inside the store): a success adds one to ``iteration`` and
-        clears ``last_error``, another outcome keeps ``iteration`` and stores ``error`` (cut
-        to ``MAX_ERROR_CHARS``); ``state`` is kept. Sets the record's expiry to
+        """Record ``run`` in its job's checkpoint, if the lock still holds a value of the run's
+        term (checked inside the store): a success adds one to ``iteration`` and clears
+        ``last_error``, another outcome keeps ``iteration`` and stores the error (cut to
+        ``MAX_ERROR_CHARS``); ``state`` is kept. Sets the record's expiry to the run's
         ``retention_s`` from now. Returns the record as written, without its ``state`` (None
         there: it may be 64 KiB, and the caller knows it), or None when the term is over
         (nothing written). ``ConnectionError`` past ``timeout_s``: then whether the
@@ -200,17 +189,10 @@ class CheckpointStore(Protocol):
         ...
 
     async def save_state(
-        self,
-        job: str,
-        token: int,
-        node_id: str,
-        state_json: str,
-        retention_s: float,
-        *,
-        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+        self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
-        """Replace the ``state`` of ``job``'s checkpoint by ``state_json`` (made by
-        ``encode_state``), fenced as ``record_run``; other fields stay. False when the term is
+        """Replace the ``state`` of the job's checkpoint by ``save.state_json``, fenced as
+        ``record_run``; other fields stay. False when the term is
         over (nothing written)."""
         ...
 

@@ -29,7 +29,9 @@ from fastapi_singletonjob._checkpoint import (
     DEFAULT_MAX_STATE_BYTES,
     MAX_ERROR_CHARS,
     Checkpoint,
+    FinishedRun,
     JSONValue,
+    StateSave,
     encode_state,
 )
 from fastapi_singletonjob._clock import SystemClock
@@ -106,15 +108,17 @@ async def record(
     at: datetime = SCHEDULED,
     retention_s: float = RETENTION_S,
 ) -> Checkpoint | None:
-    return await store.record_run(
-        JOB, token, node, outcome, at, at + (COMPLETED - SCHEDULED), error, retention_s
-    )
+    completed = at + (COMPLETED - SCHEDULED)
+    run = FinishedRun(JOB, token, node, outcome, at, completed, error, retention_s)
+    return await store.record_run(run)
 
 
 async def save(
     store: Store, token: int, value: object, node: str = "n1", retention_s: float = RETENTION_S
 ) -> bool:
-    return await store.save_state(JOB, token, node, encode_state(JOB, value), retention_s)
+    return await store.save_state(
+        StateSave(JOB, token, node, encode_state(JOB, value), retention_s)
+    )
 
 
 # --- both stores -------------------------------------------------------------------------------
@@ -322,7 +326,7 @@ async def test_times_round_trip_to_the_microsecond(case: Case, moment: datetime)
     completed = moment + timedelta(microseconds=1) if moment.year < 9999 else moment
 
     written = await case.store.record_run(
-        JOB, token, "n1", Outcome.SUCCESS, moment, completed, None, RETENTION_S
+        FinishedRun(JOB, token, "n1", Outcome.SUCCESS, moment, completed, None, RETENTION_S)
     )
 
     read = await case.store.read_checkpoint(JOB)
@@ -514,7 +518,7 @@ async def test_redis_layout(
 ) -> None:
     token = await new_term(store, "web-1")
     await record(store, token, "web-1", Outcome.FAILED, "KeyError: 'x'")
-    await store.save_state(JOB, token, "web-1", '{"after":[1,2.5]}', RETENTION_S)
+    await store.save_state(StateSave(JOB, token, "web-1", '{"after":[1,2.5]}', RETENTION_S))
     key = _keys.checkpoint_key(unique_project, JOB)
 
     with redis_server.client() as client:
@@ -607,7 +611,9 @@ async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced
 
             async def run(job: str, token: int) -> Checkpoint | None:
                 return await store.record_run(
-                    job, token, "n1", Outcome.SUCCESS, SCHEDULED, COMPLETED, None, RETENTION_S
+                    FinishedRun(
+                        job, token, "n1", Outcome.SUCCESS, SCHEDULED, COMPLETED, None, RETENTION_S
+                    )
                 )
 
             written = await asyncio.gather(
@@ -712,17 +718,12 @@ async def test_redis_calls_are_bounded_by_their_timeout(
                 "read the checkpoint": store.read_checkpoint(JOB, timeout_s=0.3),
                 "reset the checkpoint": store.reset_checkpoint(JOB, timeout_s=0.3),
                 "record a run": store.record_run(
-                    JOB,
-                    token,
-                    "n1",
-                    Outcome.SUCCESS,
-                    SCHEDULED,
-                    COMPLETED,
-                    None,
-                    60.0,
+                    FinishedRun(JOB, token, "n1", Outcome.SUCCESS, SCHEDULED, COMPLETED, None, 9.0),
                     timeout_s=0.3,
                 ),
-                "save the state": store.save_state(JOB, token, "n1", "1", 60.0, timeout_s=0.3),
+                "save the state": store.save_state(
+                    StateSave(JOB, token, "n1", "1", 60.0), timeout_s=0.3
+                ),
             }
             for what, call in calls.items():
                 started = time.monotonic()
