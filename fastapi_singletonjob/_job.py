@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -151,28 +151,26 @@ def custom_schedule(name: str, schedule: Schedule) -> Schedule:
 
 @dataclass(frozen=True, slots=True)
 class JobOptions:
-    """The options every kind of job takes, in seconds; ``parse`` validates them."""
+    """The options every kind of job takes, in seconds; ``parse`` validates them, and
+    ``misfiring`` adds those of the jobs whose instants can be missed (cron, custom)."""
 
     enabled: bool
     on_leadership_lost: LeadershipLostPolicy
     checkpoint: bool
     timeout_s: float | None
     lock_expiry_s: float | None
-    misfire_grace_s: float | None
-    misfire: MisfirePolicy
+    misfire_grace_s: float | None = None
+    misfire: MisfirePolicy = "run_once"
 
     @classmethod
     def parse(
         cls,
         name: str,
-        *,
         enabled: bool,
         on_leadership_lost: LeadershipLostPolicy,
         checkpoint: bool,
         timeout: Duration | None,
         lock_expiry: Duration | None,
-        misfire_grace: Duration | None,
-        misfire: MisfirePolicy,
         heartbeat_s: float,
     ) -> JobOptions:
         """Validate the options of job ``name`` as the user gave them (the others are
@@ -182,26 +180,21 @@ class JobOptions:
         if lock_expiry is not None:
             expiry_s = to_seconds(lock_expiry, field="lock_expiry", job=name)
             check_expiry(expiry_s, heartbeat_s, field="lock_expiry", job=name)
-        grace_s = to_grace_s(misfire_grace, name)
-        return cls(enabled, on_leadership_lost, checkpoint, timeout_s, expiry_s, grace_s, misfire)
+        return cls(enabled, on_leadership_lost, checkpoint, timeout_s, expiry_s)
+
+    def misfiring(
+        self, name: str, misfire_grace: Duration | None, misfire: MisfirePolicy
+    ) -> JobOptions:
+        """These options with job ``name``'s misfire policy, validated."""
+        return replace(self, misfire_grace_s=to_grace_s(misfire_grace, name), misfire=misfire)
 
     def spec(
         self, name: str, func: Callable[..., Any], schedule: Schedule, kind: ScheduleKind
     ) -> JobSpec:
-        """The job ``name`` that runs ``func`` on ``schedule`` with these options."""
-        return JobSpec(
-            name=name,
-            func=func,
-            schedule=schedule,
-            kind=kind,
-            enabled=self.enabled,
-            timeout_s=self.timeout_s,
-            on_leadership_lost=self.on_leadership_lost,
-            lock_expiry_s=self.lock_expiry_s,
-            misfire_grace_s=self.misfire_grace_s,
-            misfire=self.misfire,
-            checkpoint=self.checkpoint,
-        )
+        """The job ``name`` that runs ``func`` on ``schedule`` with these options (the
+        fields of both classes have the same names)."""
+        options = {option.name: getattr(self, option.name) for option in fields(self)}
+        return JobSpec(name=name, func=func, schedule=schedule, kind=kind, **options)
 
 
 def to_grace_s(misfire_grace: Duration | None, job: str) -> float | None:

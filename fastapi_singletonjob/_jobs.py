@@ -172,12 +172,10 @@ class SingletonJobs(Operations):
         """Run the decorated function as soon as this node leads, then ``every`` after
         each run ends (run, then wait)."""
         check_name(name, field="name")
-        return self._decorator(
-            name,
-            interval_schedule(name, every),
-            "interval",
-            self._options(name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry),
+        options = JobOptions.parse(
+            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
         )
+        return self._decorator(name, interval_schedule(name, every), "interval", options)
 
     def fixed_rate(
         self,
@@ -194,11 +192,11 @@ class SingletonJobs(Operations):
         """Run the decorated function on a grid of instants ``epoch + offset + k * every``
         shared by all replicas; a tick that comes while a run is still going is dropped."""
         check_name(name, field="name")
+        options = JobOptions.parse(
+            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+        )
         return self._decorator(
-            name,
-            fixed_rate_schedule(name, every, offset),
-            "fixed_rate",
-            self._options(name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry),
+            name, fixed_rate_schedule(name, every, offset), "fixed_rate", options
         )
 
     def cron(
@@ -219,21 +217,10 @@ class SingletonJobs(Operations):
         with seconds last), in ``timezone``. A run may start up to ``misfire_grace`` after
         its instant (default: until the next instant)."""
         check_name(name, field="name")
-        return self._decorator(
-            name,
-            cron_schedule(name, expression, timezone),
-            "cron",
-            self._options(
-                name,
-                enabled,
-                on_leadership_lost,
-                checkpoint,
-                timeout,
-                lock_expiry,
-                misfire_grace,
-                misfire,
-            ),
-        )
+        options = JobOptions.parse(
+            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+        ).misfiring(name, misfire_grace, misfire)
+        return self._decorator(name, cron_schedule(name, expression, timezone), "cron", options)
 
     def schedule(
         self,
@@ -251,33 +238,18 @@ class SingletonJobs(Operations):
         """Run the decorated function at the instants of any object with a
         ``next_fire(after: datetime) -> datetime | None`` method."""
         check_name(name, field="name")
-        return self._decorator(
-            name,
-            custom_schedule(name, schedule),
-            "custom",
-            self._options(
-                name,
-                enabled,
-                on_leadership_lost,
-                checkpoint,
-                timeout,
-                lock_expiry,
-                misfire_grace,
-                misfire,
-            ),
-        )
+        options = JobOptions.parse(
+            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+        ).misfiring(name, misfire_grace, misfire)
+        return self._decorator(name, custom_schedule(name, schedule), "custom", options)
 
-    def _options(
-        self,
-        name: str,
-        enabled: bool,
-        on_leadership_lost: LeadershipLostPolicy,
-        checkpoint: bool,
-        timeout: Duration | None,
-        lock_expiry: Duration | None,
-        misfire_grace: Duration | None = None,
-        misfire: MisfirePolicy = "run_once",
-    ) -> JobOptions:
+    @property
+    def _heartbeat_s(self) -> float:
+        return self.settings.heartbeat_interval_s
+
+    def _decorator(
+        self, name: str, schedule: Schedule, kind: ScheduleKind, options: JobOptions
+    ) -> Callable[[F], F]:
         if name in self._specs:
             raise ConfigurationError(
                 "a job with this name is already registered; job names must be unique "
@@ -285,21 +257,7 @@ class SingletonJobs(Operations):
                 job=name,
                 field="name",
             )
-        return JobOptions.parse(
-            name,
-            enabled=enabled,
-            on_leadership_lost=on_leadership_lost,
-            checkpoint=checkpoint,
-            timeout=timeout,
-            lock_expiry=lock_expiry,
-            misfire_grace=misfire_grace,
-            misfire=misfire,
-            heartbeat_s=self.settings.heartbeat_interval_s,
-        )
 
-    def _decorator(
-        self, name: str, schedule: Schedule, kind: ScheduleKind, options: JobOptions
-    ) -> Callable[[F], F]:
         def register(func: F) -> F:
             if self._engine is not None:
                 raise ConfigurationError(

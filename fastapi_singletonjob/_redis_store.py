@@ -228,12 +228,7 @@ class RedisLeaseStore(RedisCheckpoints):
         return replies
 
     async def release(
-        self,
-        node_id: str,
-        values: dict[str, str],
-        last_us: Mapping[str, int] | None = None,
-        *,
-        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        self, node_id: str, values: dict[str, str], last_us: Mapping[str, int] | None = None
     ) -> int:
         """See ``LeaseStore.release``: one script call, which also publishes the notice."""
         values = {job: value for job, value in values.items() if is_lock_value(value)}
@@ -241,7 +236,7 @@ class RedisLeaseStore(RedisCheckpoints):
             return 0
         last_us = last_us or {}
         keys: list[str] = []
-        args: list[str | int] = [self._channel, max_ahead_us]
+        args: list[str | int] = [self._channel, DEFAULT_MAX_AHEAD_US]
         for job, value in values.items():
             keys += (_keys.lock_key(self._project, job), _keys.last_key(self._project, job))
             args += (value, last_us.get(job, ""))

@@ -125,18 +125,13 @@ class LeaseStore(Protocol):
         ...
 
     async def release(
-        self,
-        node_id: str,
-        values: dict[str, str],
-        last_us: Mapping[str, int] | None = None,
-        *,
-        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        self, node_id: str, values: dict[str, str], last_us: Mapping[str, int] | None = None
     ) -> int:
         """Delete each job's lock that still holds the given value, and announce it.
         Values this library does not write are skipped (nobody's to delete). For each lock
         deleted, raise the job's last claimed instant to ``last_us[job]`` (the last run this
         node started), unless it lies ahead of the store's clock by more than
-        ``max_ahead_us``: a successor never runs that instant again."""
+        ``DEFAULT_MAX_AHEAD_US``: a successor never runs that instant again."""
         ...
 
     async def claim(
@@ -269,12 +264,7 @@ class MemoryLeaseStore(MemoryCheckpoints):
         return replies
 
     async def release(
-        self,
-        node_id: str,
-        values: dict[str, str],
-        last_us: Mapping[str, int] | None = None,
-        *,
-        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        self, node_id: str, values: dict[str, str], last_us: Mapping[str, int] | None = None
     ) -> int:
         """See ``LeaseStore.release``."""
         released = 0
@@ -286,7 +276,7 @@ class MemoryLeaseStore(MemoryCheckpoints):
                 del self._data.locks[key]
                 released += 1
                 instant = (last_us or {}).get(job)
-                if instant is not None and instant <= now_us + max_ahead_us:
+                if instant is not None and instant <= now_us + DEFAULT_MAX_AHEAD_US:
                     token = parse_lock_value(value)[0] or 0
                     if instant > self._data.claimed.get(key, (-1, 0))[0]:
                         self._data.claimed[key] = (instant, token)

@@ -41,16 +41,11 @@ class FlakyStore:
         return await self.inner.elect(node_id, requests)
 
     async def release(
-        self,
-        node_id: str,
-        values: dict[str, str],
-        last_us: Mapping[str, int] | None = None,
-        *,
-        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        self, node_id: str, values: dict[str, str], last_us: Mapping[str, int] | None = None
     ) -> int:
         if self.down:
             raise ConnectionError("store unreachable")
-        return await self.inner.release(node_id, values, last_us, max_ahead_us=max_ahead_us)
+        return await self.inner.release(node_id, values, last_us)
 
     async def claim(
         self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US

@@ -660,19 +660,14 @@ class NodeStore:
         ]
 
     async def release(
-        self,
-        node_id: str,
-        values: dict[str, str],
-        last_us: Mapping[str, int] | None = None,
-        *,
-        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        self, node_id: str, values: dict[str, str], last_us: Mapping[str, int] | None = None
     ) -> int:
         values = {job: value for job, value in values.items() if is_lock_value(value)}
         if not values:
             return 0
         last = last_us or {}
         wire = [(job, value, str(last.get(job, ""))) for job, value in values.items()]
-        return await self._link.call(lambda: self._server.release(max_ahead_us, wire))
+        return await self._link.call(lambda: self._server.release(DEFAULT_MAX_AHEAD_US, wire))
 
     async def claim(
         self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
