@@ -1,0 +1,115 @@
+"""Placement (``placement="spread"``): rendezvous ranking, stable under churn, pure logic."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+import pytest
+
+from fastapi_singletonjob._placement import Candidate, Placement, rank
+
+JOBS = [f"job-{i}" for i in range(200)]
+
+
+def nodes(*ids: str, jobs: list[str] = JOBS, settled: bool = True) -> list[Candidate]:
+    return [Candidate(node, frozenset(jobs), settled) for node in ids]
+
+
+def preferred(candidates: list[Candidate], jobs: list[str] = JOBS) -> dict[str, str | None]:
+    placement = Placement("observer")
+    placement.update(candidates, jobs)
+    return {job: placement.preferred(job) for job in jobs}
+
+
+def test_rank_is_the_same_whatever_the_order_given() -> None:
+    ids = [f"web-{i}" for i in range(10)]
+    assert rank("export", ids) == rank("export", list(reversed(ids)))
+    assert sorted(rank("export", ids)) == sorted(ids)
+    assert rank("export", ids) != rank("report", ids)  # each job has its own order
+
+
+@pytest.mark.parametrize("replicas", [3, 10, 50])
+def test_leadership_spreads_over_the_replicas(replicas: int) -> None:
+    ids = [f"web-{i}" for i in range(replicas)]
+    counts = Counter(preferred(nodes(*ids)).values())
+    mean = len(JOBS) / replicas
+    print(
+        f"{replicas} replicas x {len(JOBS)} jobs: min {min(counts.values())}, max "
+        f"{max(counts.values())}, stdev {statistics.pstdev(counts.values()):.1f} (mean {mean:g})"
+    )
+    if mean >= 10:  # with a few jobs per replica, hashing leaves some without any
+        assert set(counts) == set(ids)
+    assert max(counts.values()) <= 2.5 * mean
+
+
+def test_twelve_jobs_over_three_replicas_settle_to_four_plus_or_minus_two() -> None:
+    jobs = [f"job-{i}" for i in range(12)]
+    counts = Counter(preferred(nodes("web-a", "web-b", "web-c", jobs=jobs), jobs).values())
+    assert all(2 <= counts[node] <= 6 for node in ("web-a", "web-b", "web-c")), counts
+
+
+def test_a_join_moves_only_jobs_to_the_new_node_about_its_share() -> None:
+    before = preferred(nodes("a", "b", "c"))
+    after = preferred(nodes("a", "b", "c", "d"))
+    moved = [job for job in JOBS if before[job] != after[job]]
+    assert all(after[job] == "d" for job in moved)
+    assert 0.1 * len(JOBS) <= len(moved) <= 0.4 * len(JOBS)  # about a quarter
+
+
+def test_a_leave_moves_only_the_leavers_jobs() -> None:
+    before = preferred(nodes("a", "b", "c", "d"))
+    after = preferred(nodes("a", "b", "d"))
+    moved = {job for job in JOBS if before[job] != after[job]}
+    assert moved == {job for job in JOBS if before[job] == "c"}
+
+
+def test_a_node_that_has_not_settled_is_not_preferred() -> None:
+    settled = nodes("a", "b")
+    newcomer = nodes("c", settled=False)
+    assert preferred(settled + newcomer) == preferred(settled)
+
+
+def test_on_a_cold_start_every_live_node_counts() -> None:
+    assert preferred(nodes("a", "b", "c", settled=False)) == preferred(nodes("a", "b", "c"))
+
+
+def test_only_nodes_that_run_the_job_are_preferred() -> None:
+    candidates = nodes("a", "b") + [Candidate("c", frozenset({"job-1"}), True)]
+    placement = Placement("a")
+    placement.update(candidates, ["job-1", "job-2"])
+    assert placement.preferred("job-2") in {"a", "b"}
+    # A job that only an unsettled node runs still has a preferred node.
+    placement.update([Candidate("z", frozenset({"only-z"}), False), *nodes("a")], ["only-z"])
+    assert placement.preferred("only-z") == "z"
+
+
+def test_may_take_leaves_the_preferred_node_one_round() -> None:
+    ids = ["a", "b", "c"]
+    placement = Placement("a")
+    placement.update(nodes(*ids), JOBS)
+    mine = next(job for job in JOBS if placement.preferred(job) == "a")
+    theirs = next(job for job in JOBS if placement.preferred(job) != "a")
+    assert placement.may_take(mine, seen_free_before=False)
+    assert not placement.may_take(theirs, seen_free_before=False)
+    assert placement.may_take(theirs, seen_free_before=True)
+    assert placement.may_take("unknown-job", seen_free_before=False)
+
+
+def test_hand_over_is_bounded_and_waits_for_runs_to_end() -> None:
+    placement = Placement("a", moves_per_round=2)
+    placement.update(nodes("a", "b", "c"), JOBS)
+    theirs = [job for job in JOBS if placement.preferred(job) != "a"]
+    mine = [job for job in JOBS if placement.preferred(job) == "a"]
+    led = theirs[:5] + mine[:3]
+    idle = {job: True for job in led} | {theirs[0]: False}
+    moving = placement.to_hand_over(led, idle)
+    assert len(moving) == 2
+    assert theirs[0] not in moving  # a run is in flight
+    assert set(moving) <= set(theirs[1:5])
+    assert placement.to_hand_over(mine[:3], dict.fromkeys(mine[:3], True)) == []
+
+
+def test_moves_per_round_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="moves_per_round=0"):
+        Placement("a", moves_per_round=0)
