@@ -45,10 +45,12 @@ class Replica:
 class Cluster:
     """The replica processes of one test; :meth:`close` kills whatever still runs."""
 
-    def __init__(self, url: str, project: str, workdir: Path) -> None:
+    def __init__(self, url: str, project: str, workdir: Path, *extra_args: str) -> None:
         self.url = url
         self.project = project
         self.workdir = workdir
+        self.extra_args = extra_args
+        """More arguments for each replica (``--every``)."""
         self.replicas: dict[str, Replica] = {}
 
     def start(self, *nodes: str) -> None:
@@ -62,6 +64,7 @@ class Cluster:
                         node_proc.__file__,
                         *("--url", self.url, "--project", self.project),
                         *("--node", node, "--journal", str(journal)),
+                        *self.extra_args,
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
