@@ -1,6 +1,7 @@
 """Run a periodic job on exactly one replica of a FastAPI service, elected through Redis."""
 
 from ._checkpoint import Checkpoint
+from ._cluster_view import ClusterJob, ClusterNode, ClusterStatus
 from ._context import JobContext
 from ._dependencies import job_context
 from ._errors import (
@@ -20,6 +21,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Checkpoint",
+    "ClusterJob",
+    "ClusterNode",
+    "ClusterStatus",
     "ConfigurationError",
     "Cron",
     "DropReason",

@@ -173,6 +173,7 @@ class Elector:
     async def round(self) -> float:
         """One acquire-or-renew round for all leases; returns the delay until the next."""
         self.terms.expire()
+        now = self._clock.monotonic()
         requests = [
             LeaseRequest(
                 lease.job,
@@ -181,7 +182,9 @@ class Elector:
                 lease.retention_s,
             )
             for lease in self.leases.values()
-            if lease.wanted and (self.terms.acquiring or lease.token is not None)
+            if lease.wanted
+            and (self.terms.acquiring or lease.token is not None)
+            and (lease.token is not None or lease.rest_until <= now)
         ]
         sent_at = self._clock.monotonic()
         try:
@@ -203,11 +206,27 @@ class Elector:
         resigned = [x.job for x in self.leases.values() if not x.wanted and x.value is not None]
         if resigned:
             await self.release(resigned)
+        await self._step_down()
         self.terms.expire()
         # Rounds are spaced from send to send: on a link whose round trip is a large part of a
         # heartbeat, a pause counted from the reply would space renewals by the round trip plus
         # a heartbeat, and a lease whose deadline comes before the next reply would lapse.
         return max(0.0, self._delay() - (self._clock.monotonic() - sent_at))
+
+    async def _step_down(self) -> None:
+        """Hand over the jobs an operator asked this node to step down from, between runs:
+        release them (the others take over at the notice) and stay out of their election for
+        one lock expiry, so that another node, not this one, takes each over."""
+        jobs = []
+        for lease in self.leases.values():
+            if not lease.stepping_down or lease.running:
+                continue
+            lease.stepping_down = False
+            if lease.token is not None:
+                lease.rest_until = self._clock.monotonic() + lease.ttl_s
+                jobs.append(lease.job)
+        if jobs:
+            await self.release(jobs)
 
     @property
     def _longest_ttl_s(self) -> float:

@@ -38,6 +38,7 @@ from ._clock import Clock
 from ._config import Settings
 from ._election import Elector, Lease
 from ._job import JobSpec
+from ._membership import VERSION, MemberRecord, Membership
 from ._progress import Progress
 from ._run import JobRunner
 from ._snapshot import EngineSnapshot, take
@@ -130,11 +131,30 @@ class Engine:
             precision_s=settings.precision_s,
         )
         self.elector.terms.on_term_started = self.ticker.leadership_gained
+        self.elector.terms.on_trigger = self.ticker.trigger
+        # Every store of the library keeps a membership record; a test double may not.
+        announce = getattr(store, "announce", None)
+        if announce is not None:
+            announce(Membership(self._member_record(enabled)))
         self._election: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._stack = contextlib.AsyncExitStack()
         self.started_at = clock.monotonic()
+
+    def _member_record(self, enabled: Sequence[JobSpec]) -> MemberRecord:
+        """What this node announces to the others (see ``_membership``)."""
+        return MemberRecord(
+            node_id=self.settings.node_id,
+            owner=self.elector.owner,
+            version=VERSION,
+            started_at=self.clock.now(),
+            jobs={spec.name: str(spec.schedule) for spec in enabled},
+            ttl_s=max(
+                (lease.ttl_s for lease in self.elector.leases.values()),
+                default=self.settings.lock_expiry_s,
+            ),
+        )
 
     def snapshot(self) -> EngineSnapshot:
         """A consistent read-only picture of the engine, for the status API and probes."""

@@ -31,12 +31,43 @@ key                                            type    content
                                                        whole retention (the job was removed, or the
                                                        fleet was down that long)
 ``singletonjob:{<project>}:released``          pubsub  a node publishes here when it releases locks
+                                                       (the count), and an operator's call when it
+                                                       changes a control (``control``): both wake
+                                                       every node's election for a round at once
+``singletonjob:{<project>}:nodes``             hash    membership: owner id (``<node>#<nonce>``) ->
+                                                       the node's record as JSON (``_membership``):
+                                                       node id, version, started at, its jobs and
+                                                       their schedules as text, its record TTL;
+                                                       written by ``ELECT`` when the node's record
+                                                       changed or is missing
+``singletonjob:{<project>}:nodes:expiry``      zset    owner id -> when its record expires, in ms
+                                                       of the server clock; each ``ELECT`` pushes
+                                                       it back and drops the records of the owners
+                                                       already past it (from both keys)
+``singletonjob:{<project>}:controls``          hash    operators' controls, no TTL:
+                                                       ``paused:<job>`` -> JSON (``at``, ``by``),
+                                                       present while the job is paused;
+                                                       ``trigger:<job>`` and ``step-down:<job>``
+                                                       -> ``1``, a request the job's leader
+                                                       consumes (deletes) in its next ``ELECT``
 =============================================  ======  =============================================
 """
 
 from __future__ import annotations
 
-__all__ = ["checkpoint_key", "fence_key", "last_key", "lock_key", "release_channel"]
+__all__ = [
+    "checkpoint_key",
+    "controls_key",
+    "fence_key",
+    "last_key",
+    "lock_key",
+    "members_key",
+    "member_expiry_key",
+    "paused_field",
+    "release_channel",
+    "step_down_field",
+    "trigger_field",
+]
 
 PREFIX = "singletonjob"
 
@@ -68,3 +99,33 @@ def checkpoint_key(project: str, job: str) -> str:
 def release_channel(project: str) -> str:
     """The pub/sub channel on which releases of ``project``'s locks are announced."""
     return f"{_tag(project)}:released"
+
+
+def members_key(project: str) -> str:
+    """The hash of the live nodes' membership records (owner id -> JSON)."""
+    return f"{_tag(project)}:nodes"
+
+
+def member_expiry_key(project: str) -> str:
+    """The sorted set of membership expiries (owner id -> server time in ms)."""
+    return f"{_tag(project)}:nodes:expiry"
+
+
+def controls_key(project: str) -> str:
+    """The hash of operators' controls: paused jobs, pending triggers and step-downs."""
+    return f"{_tag(project)}:controls"
+
+
+def paused_field(job: str) -> str:
+    """The field of ``controls_key`` present while ``job`` is paused."""
+    return f"paused:{job}"
+
+
+def trigger_field(job: str) -> str:
+    """The field of ``controls_key`` asking ``job``'s leader for one extra run."""
+    return f"trigger:{job}"
+
+
+def step_down_field(job: str) -> str:
+    """The field of ``controls_key`` asking ``job``'s leader to hand it over."""
+    return f"step-down:{job}"

@@ -102,6 +102,10 @@ class LeaseView(Protocol):
 
     @property
     def holder_token(self) -> int | None: ...
+    @property
+    def paused(self) -> bool:
+        """Whether an operator paused the job (as the last election reply said)."""
+
     def lost_of(self, token: int) -> asyncio.Event:
         """The "leadership lost" signal of the term ``token``."""
 
@@ -139,6 +143,13 @@ class Lease:
     last_started: datetime | None = None
     """Instant of the last run this node started (reported by the runner);
     recorded in the store on release, so that a successor never runs it again."""
+    paused: bool = False
+    """Paused by an operator (``jobs.pause``), as the last election reply said: no new run."""
+    stepping_down: bool = False
+    """An operator asked this node to hand the job over: released once no run is in flight."""
+    rest_until: float = float("-inf")
+    """Monotonic instant until which this node does not compete for the job (after a
+    step-down, so that another node takes it over)."""
 
     def lost_of(self, token: int) -> asyncio.Event:
         """The "leadership lost" signal of the term ``token``: this term's, or a set one when

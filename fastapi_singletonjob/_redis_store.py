@@ -30,6 +30,7 @@ from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 from . import _keys, _scripts
 from ._batch import Batcher
 from ._checkpoint_store import RedisCheckpoints
+from ._control_store import RedisControls
 from ._redact import redact_url
 from ._store import (
     DEFAULT_KEEPALIVE_S,
@@ -121,7 +122,7 @@ def _options_from_client(client: Redis) -> tuple[type[AbstractConnection], dict[
     return pool.connection_class, {**options, **_forced()}
 
 
-class RedisLeaseStore(RedisCheckpoints):
+class RedisLeaseStore(RedisCheckpoints, RedisControls):
     """Leases kept in Redis keys (see ``_keys``), changed only by the scripts in ``_scripts``.
 
     :param max_connections: size of the claims' pool (default ``DEFAULT_MAX_CONNECTIONS``);
@@ -192,8 +193,18 @@ class RedisLeaseStore(RedisCheckpoints):
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """See ``LeaseStore.elect``: one ``EVALSHA`` for all jobs."""
-        keys: list[str] = []
-        args: list[str | int] = [node_id]
+        member = self.membership
+        keys: list[str] = [
+            _keys.members_key(self._project),
+            _keys.member_expiry_key(self._project),
+            _keys.controls_key(self._project),
+        ]
+        args: list[str | int] = [
+            node_id,
+            "" if member is None else member.payload(),
+            "" if member is None else member.ttl_ms,
+            "\n".join(request.job for request in requests),
+        ]
         for request in requests:
             keys += (
                 _keys.lock_key(self._project, request.job),
@@ -212,9 +223,11 @@ class RedisLeaseStore(RedisCheckpoints):
             raw: list[Any] = await self._elect(keys=keys, args=args)
         except ReadOnlyError as exc:  # a renewal's PEXPIRE, refused by a replica
             raise await self._read_only("a read-only replica") from exc
+        if member is not None:
+            member.confirmed(int(raw[0]) == 1)
         replies = []
         for i, request in enumerate(requests):
-            status, value, ttl_ms = raw[3 * i : 3 * i + 3]
+            status, value, ttl_ms, flags = raw[4 * i + 1 : 4 * i + 5]
             if int(status) < 0:  # the free lock could not be written: value is the error
                 error = _text(value)
                 if error is not None and error.startswith(_READ_ONLY_PREFIX):
@@ -222,7 +235,17 @@ class RedisLeaseStore(RedisCheckpoints):
                 replies.append(LeaseReply(request.job, False, None, None, error))
                 continue
             ttl_s = None if int(ttl_ms) < 0 else int(ttl_ms) / 1000
-            replies.append(LeaseReply(request.job, int(status) == 1, _text(value), ttl_s))
+            replies.append(
+                LeaseReply(
+                    request.job,
+                    int(status) == 1,
+                    _text(value),
+                    ttl_s,
+                    paused=bool(int(flags) & 1),
+                    triggered=bool(int(flags) & 2),
+                    step_down=bool(int(flags) & 4),
+                )
+            )
         if not self._checked_server:
             await self._check_server()
         return replies

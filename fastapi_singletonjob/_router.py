@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException, Response, status
 
+from ._cluster_view import ClusterStatus
 from ._status import (
     Health,
     HealthStatus,
@@ -73,6 +74,17 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
             store=snapshot.store,
             job=snapshot.jobs[0],
         )
+
+    @router.get("/cluster", response_model=ClusterStatus, summary="Every node and job")
+    async def cluster() -> ClusterStatus:
+        """Every live node and every job of the project, as stored in Redis: the same from
+        every replica. Read-only; the actions are on `jobs.admin_router`."""
+        try:
+            return await jobs.cluster_status()
+        except (ConnectionError, OSError, TimeoutError) as exc:
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis did not answer: {type(exc).__name__}"
+            ) from None
 
     _add_probe(
         router,

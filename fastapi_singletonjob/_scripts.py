@@ -11,26 +11,40 @@ replication, the default from Redis 5.0 on.
 
 from __future__ import annotations
 
-__all__ = ["CLAIM", "ELECT", "RECORD_RUN", "RELEASE", "SAVE_STATE"]
+__all__ = ["CLAIM", "CONTROL", "ELECT", "RECORD_RUN", "RELEASE", "SAVE_STATE"]
 
-# Acquire or renew the leases of several jobs for one node, in one round trip.
+# Acquire or renew the leases of several jobs for one node, keep its membership record, and
+# read the operators' controls of those jobs, in one round trip.
 #
-# KEYS[3i-2] - lock key of job i   KEYS[3i-1] - fence key of job i   KEYS[3i] - its checkpoint
+# KEYS[1]    - the project's membership hash (owner id -> record JSON)
+# KEYS[2]    - the membership expiries (sorted set: owner id -> server time in ms)
+# KEYS[3]    - the project's controls hash (``paused:<job>``, ``trigger:<job>``,
+#              ``step-down:<job>``)
+# KEYS[3i+1] - lock key of job i   KEYS[3i+2] - fence key of job i   KEYS[3i+3] - its checkpoint
 # ARGV[1]    - owner id of the caller
-# ARGV[3i-1] - lease time of job i, in milliseconds
-# ARGV[3i]   - the exact lock value the caller holds for job i in its current term, or "" (the
+# ARGV[2]    - the caller's membership record (JSON), or "" when it was written before and has
+#              not changed: then only its expiry is pushed back
+# ARGV[3]    - how long the membership record lives without a renewal, in milliseconds, or ""
+#              for a caller without a record (nothing of the membership is read or written)
+# ARGV[4]    - the names of the caller's jobs, in order, separated by "\n"
+# ARGV[3i+2] - lease time of job i, in milliseconds
+# ARGV[3i+3] - the exact lock value the caller holds for job i in its current term, or "" (the
 #              caller sends "" for a value this library does not write: such a value is never
 #              the caller's, and "" itself is never renewed)
-# ARGV[3i+1] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
+# ARGV[3i+4] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
 #              the caller holds the lock, its checkpoint's expiry is pushed back to it, so that
 #              only the record of a job that no node leads any more expires
 #
-# For each job, in order, returns three values:
+# Returns first 1 when the caller's membership record is stored, 0 when ARGV[2] was "" and the
+# record is missing (expired, or Redis lost it): the caller sends it whole on its next call.
+# Then, for each job, in order, four values:
 #   1 if the caller holds the lock after the call (acquired or renewed), 0 if not, -1 if
 #   acquiring failed (the error message then comes second, e.g. "OOM ..." under noeviction,
 #   "READONLY ..." on a replica: the caller raises StoreReadOnly for the latter);
 #   the lock's value "<token>|<holder>" after the call (or the error message);
-#   the lock's remaining time to live in milliseconds (-1: no expiry, or an error).
+#   the lock's remaining time to live in milliseconds (-1: no expiry, or an error);
+#   the job's controls as bits: 1 paused; 2 an extra run asked for, and 4 a step-down asked
+#   for, both consumed (deleted) by this call, and only ever reported to the lock's holder.
 #
 # Only the exact value of the caller's current term is renewed: a lock of the caller's that
 # outlived a term the caller already ended (a lost reply) is left to expire, so that a node
@@ -38,14 +52,42 @@ __all__ = ["CLAIM", "ELECT", "RECORD_RUN", "RELEASE", "SAVE_STATE"]
 # is max(last token + 1, server time in µs); the server-time floor keeps tokens growing when
 # the fence key was lost (restart without persistence, FLUSHALL) as long as the server clock
 # does not step back. The acquisition writes use pcall: when Redis refuses writes (OOM under
-# noeviction), held locks are still renewed (PEXPIRE is allowed) and only that job reports it.
+# noeviction), held locks are still renewed (PEXPIRE is allowed) and only that job reports it;
+# the membership writes use pcall too, so that a full Redis never fails the election.
 ELECT = """
 local owner = ARGV[1]
-local out = {}
-local now_us = nil
-for i = 1, #KEYS / 3 do
-  local lock, fence, checkpoint = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local ttl, held, retention = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+local member = 1
+if ARGV[3] ~= '' then
+  if ARGV[2] ~= '' then
+    redis.pcall('HSET', KEYS[1], owner, ARGV[2])
+  elseif redis.call('HEXISTS', KEYS[1], owner) == 0 then
+    member = 0
+  end
+  redis.pcall('ZADD', KEYS[2], now_ms + tonumber(ARGV[3]), owner)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now_ms)
+  if #gone > 0 then
+    redis.call('HDEL', KEYS[1], unpack(gone))
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
+  end
+end
+local controls = {}
+if redis.call('HLEN', KEYS[3]) > 0 then
+  local flat = redis.call('HGETALL', KEYS[3])
+  for i = 1, #flat, 2 do
+    controls[flat[i]] = true
+  end
+end
+local names = {}
+for name in string.gmatch(ARGV[4], '[^\\n]+') do
+  table.insert(names, name)
+end
+local out = {member}
+for i = 1, (#KEYS - 3) / 3 do
+  local lock, fence, checkpoint = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
+  local ttl, held, retention = ARGV[3 * i + 2], ARGV[3 * i + 3], ARGV[3 * i + 4]
   local status, value, left = 0, redis.call('GET', lock), nil
   if value then
     if held ~= '' and value == held then
@@ -55,10 +97,6 @@ for i = 1, #KEYS / 3 do
       left = redis.call('PTTL', lock)
     end
   else
-    if not now_us then
-      local t = redis.call('TIME')
-      now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    end
     local last = tonumber(redis.call('GET', fence)) or 0
     local token = string.format('%.0f', math.max(last + 1, now_us))
     value = token .. '|' .. owner
@@ -73,11 +111,45 @@ for i = 1, #KEYS / 3 do
   if status == 1 and retention ~= '' then
     redis.call('PEXPIRE', checkpoint, retention)
   end
+  local flags, name = 0, names[i]
+  if controls['paused:' .. name] then
+    flags = 1
+  end
+  if status == 1 then
+    if controls['trigger:' .. name] then
+      redis.call('HDEL', KEYS[3], 'trigger:' .. name)
+      flags = flags + 2
+    end
+    if controls['step-down:' .. name] then
+      redis.call('HDEL', KEYS[3], 'step-down:' .. name)
+      flags = flags + 4
+    end
+  end
   table.insert(out, status)
   table.insert(out, value)
   table.insert(out, left)
+  table.insert(out, flags)
 end
 return out
+"""
+
+# Set or clear one operator's control of a job and wake every node's election at once.
+#
+# KEYS[1] - the project's controls hash
+# ARGV[1] - the release channel (a "control" message wakes every node for a round)
+# ARGV[2] - the field (``paused:<job>``, ``trigger:<job>`` or ``step-down:<job>``)
+# ARGV[3] - its value, or "" to delete the field
+#
+# Returns 1 when the field changed (was absent and is set, or was present and is deleted).
+CONTROL = """
+local changed
+if ARGV[3] == '' then
+  changed = redis.call('HDEL', KEYS[1], ARGV[2])
+else
+  changed = redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+end
+redis.call('PUBLISH', ARGV[1], 'control')
+return changed
 """
 
 # Release the locks a node holds, record the last instant each ran, and tell the other nodes.

@@ -35,6 +35,8 @@ class JobSnapshot:
     """A copy of the job's counters and last run."""
     error: BaseException | None
     """Why the job's schedule stopped on this node, if it did."""
+    paused: bool = False
+    """Paused by an operator, as this node's last election reply said."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ def take(engine: Engine) -> EngineSnapshot:
             running=runner.current is not None,
             stats=stats,
             error=runner.crashed,
+            paused=lease.paused,
         )
     last_ok = elector.last_success_at
     election, timer = engine.election_task, engine.timer_task

@@ -39,6 +39,8 @@ class DropReason(str, enum.Enum):
     STORE_ERROR = "store_error"
     """The instant could not be claimed in Redis before its grace ran out: skipped, so that
     it never runs twice."""
+    PAUSED = "paused"
+    """An operator paused the job (``jobs.pause``): its ticks are skipped until it resumes."""
 
 
 @dataclass(slots=True)

@@ -83,6 +83,9 @@ class JobStatus(BaseModel):
     enabled: bool
     leader: str | None = Field(description="Node id of the node holding the lock, if known.")
     is_leader: bool = Field(description="Whether this node leads the job now.")
+    paused: bool = Field(
+        False, description="Paused by an operator (`jobs.pause`): its leader starts no run."
+    )
     fencing_token: int | None = Field(description="Token of the leader's current term.")
     lease_time_left_s: float | None = Field(
         description="Time left on the leader's lease (this node's deadline when it leads)."
@@ -186,6 +189,7 @@ def _job_status(jobs: SingletonJobs, name: str, snap: EngineSnapshot | None) -> 
         enabled=spec.enabled,
         leader=job.holder if job else None,
         is_leader=job.leads if job else False,
+        paused=job.paused if job else False,
         fencing_token=job.token if job else None,
         lease_time_left_s=_round(job.time_left_s) if job else None,
         running=job.running if job else False,

@@ -18,6 +18,7 @@ from typing import Protocol
 from ._checkpoint import DEFAULT_CHECKPOINT_TIMEOUT_S, Checkpoint, FinishedRun, StateSave
 from ._checkpoint_store import MemoryCheckpoints
 from ._clock import Clock
+from ._control_store import MemoryControls
 from ._lease import (
     MAX_TOKEN,
     SHOWN_VALUE_CHARS,
@@ -91,6 +92,12 @@ class LeaseReply:
     """Time the lock has left per the store, None when it has no expiry."""
     error: str | None = None
     """Why a free lock could not be acquired (for example Redis out of memory)."""
+    paused: bool = False
+    """An operator paused the job (``jobs.pause``): its leader starts no new run."""
+    triggered: bool = False
+    """An operator asked for one extra run now; reported once, to the holder only."""
+    step_down: bool = False
+    """An operator asked the holder to hand the job over; reported once, to the holder only."""
 
     @property
     def token(self) -> int | None:
@@ -215,13 +222,17 @@ class _MemoryData:
     listeners: set[Callable[[], None]] = field(default_factory=set)
     checkpoints: dict[str, tuple[dict[str, str], float]] = field(default_factory=dict)
     """Per job key: the checkpoint's fields (as the Redis hash holds them) and its expiry."""
+    members: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Per project and owner id: the membership record (JSON) and its expiry."""
+    controls: dict[str, str] = field(default_factory=dict)
+    """Per project and field of the controls hash (``_keys.paused_field`` ...): its value."""
 
 
 # One data set per (clock, URL): instances of one process that share both see each other.
 _SHARED: weakref.WeakKeyDictionary[Clock, dict[str, _MemoryData]] = weakref.WeakKeyDictionary()
 
 
-class MemoryLeaseStore(MemoryCheckpoints):
+class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
     """In-process lease store for ``memory://`` URLs: one process only, no persistence.
 
     Locks expire on the injected clock. Instances created with the same clock and URL share
@@ -239,6 +250,7 @@ class MemoryLeaseStore(MemoryCheckpoints):
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """See ``LeaseStore.elect``."""
         now = self._clock.monotonic()
+        self._keep_member(node_id)
         replies = []
         for request in requests:
             key = self._key(request.job)
@@ -259,7 +271,18 @@ class MemoryLeaseStore(MemoryCheckpoints):
             record = self._data.checkpoints.get(key)
             if held and request.retention_s is not None and record and record[1] > now:
                 self._data.checkpoints[key] = (record[0], now + request.retention_s)
-            replies.append(LeaseReply(request.job, held, current[0], max(current[1] - now, 0.0)))
+            paused, triggered, step_down = self._flags(request.job, held)
+            replies.append(
+                LeaseReply(
+                    request.job,
+                    held,
+                    current[0],
+                    max(current[1] - now, 0.0),
+                    paused=paused,
+                    triggered=triggered,
+                    step_down=step_down,
+                )
+            )
         await asyncio.sleep(0)  # a real store is a suspension point too
         return replies
 

@@ -50,6 +50,9 @@ class Terms:
         are in flight) and starts none."""
         self.on_term_started: Callable[[str], None] | None = None
         """Called with the job's name when this node starts a term (the timer listens)."""
+        self.on_trigger: Callable[[str], None] | None = None
+        """Called with the job's name when an operator asked its leader, this node, for one
+        extra run now (the timer listens)."""
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -132,8 +135,17 @@ class Terms:
                 "node %s could not acquire job %r: %s", self._node_id, lease.job, reply.error
             )
         lease.acquire_error = reply.error
+        if reply.paused != lease.paused:
+            lease.paused = reply.paused
+            logger.info(
+                "node %s: job %r is %s",
+                self._node_id,
+                lease.job,
+                "paused: no new run starts" if reply.paused else "resumed",
+            )
         if reply.held:
             self._apply_held(lease, reply, sent_at, previous, notice_at)
+            self._apply_requests(lease, reply)
             return
         twin = reply.holder != self._owner and lease.holder == self._node_id
         if twin and not self._warned_twin:
@@ -184,6 +196,30 @@ class Terms:
         lease.deadline = lease_deadline(sent_at, lease.ttl_s)
         if lease.token is None and lease.deadline > self._clock.monotonic():
             self._start(lease, token, sent_at, previous, notice_at)
+
+    def _apply_requests(self, lease: Lease, reply: LeaseReply) -> None:
+        """An operator's trigger or step-down, consumed by this reply: acted on only while
+        this node leads (a request that reaches a node without a term is dropped, logged)."""
+        if not (reply.triggered or reply.step_down):
+            return
+        if lease.token is None:
+            logger.warning(
+                "node %s: an operator's %s of job %r came while this node does not lead it; "
+                "dropped",
+                self._node_id,
+                "trigger" if reply.triggered else "step-down",
+                lease.job,
+            )
+            return
+        if reply.step_down:
+            logger.info(
+                "node %s hands job %r over, as an operator asked, once no run is in flight",
+                self._node_id,
+                lease.job,
+            )
+            lease.stepping_down = True
+        if reply.triggered and self.on_trigger is not None:
+            self.on_trigger(lease.job)
 
     # -- term boundaries ------------------------------------------------------------------
 

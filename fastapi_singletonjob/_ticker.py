@@ -96,7 +96,7 @@ class Ticker:
                 self._arm(slot, 0.0)
             return
         missed, slot.missed = slot.missed, None
-        if not runner.policy.catch_up or runner.spec.misfire == "skip":
+        if not runner.policy.catch_up or runner.spec.misfire == "skip" or runner.lease.paused:
             return
         if runner.spec.checkpoint:  # what no node ran is known from the stored last run
             runner.catch_up(missed)
@@ -109,6 +109,24 @@ class Ticker:
             runner.start(missed)
         else:
             runner.drop(DropReason.LATE)
+
+    def trigger(self, job: str) -> None:
+        """An operator asked for one extra run of ``job`` now, and this node leads it: start
+        it, unless a run is in flight (then the request is dropped, and logged)."""
+        slot = self._slots.get(job)
+        if slot is None:
+            return
+        runner = slot.runner
+        if runner.lease.paused:
+            logger.warning("job %r is paused: the extra run asked for is dropped", job)
+            runner.drop(DropReason.PAUSED)
+            return
+        if runner.current is not None:
+            logger.warning("job %r has a run in flight: the extra run asked for is dropped", job)
+            runner.drop(DropReason.OVERLAP)
+            return
+        logger.info("node %s starts an extra run of job %r, as an operator asked", runner.node, job)
+        runner.start(self._clock.now())
 
     def _run_ended(self, runner: JobRunner) -> None:
         slot = self._slots.get(runner.spec.name)
@@ -198,6 +216,8 @@ class Ticker:
                 return
             if grace_s is not None and (now - due).total_seconds() > grace_s:
                 runner.drop(DropReason.LATE)
+            elif runner.lease.paused and runner.lease.token is not None:
+                runner.drop(DropReason.PAUSED)
             else:
                 started = runner.start(due)
                 catch_up = runner.policy.catch_up and started is None
@@ -213,6 +233,12 @@ class Ticker:
         if runner.lease.token is None:
             slot.waiting = True  # until leadership_gained
             runner.stats.next_run = None
+            return
+        if runner.lease.paused:
+            runner.drop(DropReason.PAUSED)
+            every_s = runner.policy.period_s or 0.0
+            runner.stats.next_run = self._clock.now() + timedelta(seconds=every_s)
+            self._arm(slot, every_s)
             return
         runner.stats.next_run = None  # known once this run has ended
         slot.waiting = True  # until _run_ended

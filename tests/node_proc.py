@@ -125,6 +125,7 @@ async def serve(
     heartbeat_s: float = HEARTBEAT_S,
     lock_expiry_s: float = LOCK_EXPIRY_S,
     ready: Path | None = None,
+    every_s: float = EVERY_S,
 ) -> None:
     """Run the replica until SIGTERM, then stop gracefully; create ``ready`` once started.
     (The benchmarks run this same replica with their own settings.)"""
@@ -143,7 +144,7 @@ async def serve(
     def write(row: dict[str, object]) -> None:
         os.write(fd, (json.dumps(row) + "\n").encode())  # one write: lines never interleave
 
-    @jobs.fixed_rate(JOB, every=EVERY_S)
+    @jobs.fixed_rate(JOB, every=every_s)
     async def tick(ctx: JobContext) -> None:
         row: dict[str, object] = {
             "node": ctx.node_id,
@@ -175,13 +176,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--project", required=True)
     parser.add_argument("--node", required=True)
     parser.add_argument("--journal", required=True, type=Path)
+    parser.add_argument("--every", type=float, default=EVERY_S, help="the job's period, s")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format=f"%(created).3f {args.node} %(name)s %(levelname)s %(message)s",
     )
-    asyncio.run(serve(args.url, args.project, args.node, args.journal))
+    asyncio.run(serve(args.url, args.project, args.node, args.journal, every_s=args.every))
     return 0
 
 

@@ -958,6 +958,9 @@ def test_defaults_of_a_registered_job() -> None:
 
 PUBLIC_NAMES = [
     "Checkpoint",
+    "ClusterJob",
+    "ClusterNode",
+    "ClusterStatus",
     "ConfigurationError",
     "Cron",
     "DropReason",

@@ -30,10 +30,12 @@ KILL_GAP_MAX_S = LOCK_EXPIRY_S + 0.5
 class Cluster(ProcessFleet):
     """Three ``node_proc`` replicas of one project."""
 
-    def __init__(self, url: str, project: str, workdir: Path) -> None:
+    def __init__(self, url: str, project: str, workdir: Path, *extra_args: str) -> None:
         super().__init__(workdir)
         self.url = url
         self.project = project
+        self.extra_args = extra_args
+        """More arguments for each replica (``--every``)."""
 
     def start(self, *nodes: str) -> None:
         for node in nodes:
@@ -44,6 +46,7 @@ class Cluster(ProcessFleet):
                     node_proc.__file__,
                     *("--url", self.url, "--project", self.project),
                     *("--node", node, "--journal", str(self.journal_of(node))),
+                    *self.extra_args,
                 ],
             )
 

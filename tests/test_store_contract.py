@@ -22,6 +22,7 @@ from waiting import wait_until
 
 from fastapi_singletonjob import _keys
 from fastapi_singletonjob._clock import SystemClock
+from fastapi_singletonjob._membership import MemberRecord, Membership
 from fastapi_singletonjob._redis_store import RedisLeaseStore
 from fastapi_singletonjob._store import (
     SHOWN_VALUE_CHARS,
@@ -414,6 +415,10 @@ async def test_redis_one_round_trip_elects_all_jobs(
     server = fresh_redis()
     store = RedisLeaseStore(unique_project, url=server.url)
     requests = [LeaseRequest(f"job-{i}", TTL_S) for i in range(20)]
+    # With a membership record and an operator's control: still that one call.
+    record = MemberRecord("n1", "n1", "0", datetime.now(timezone.utc), {"job-0": "every 1s"}, 1)
+    store.announce(Membership(record))
+    await store.set_control(_keys.paused_field("job-3"), "{}")
     try:
         first = await store.elect("n1", requests)  # connects and loads the script
         renewals = [LeaseRequest(r.job, TTL_S, r.value) for r in first]
@@ -425,10 +430,12 @@ async def test_redis_one_round_trip_elects_all_jobs(
         await store.aclose()
 
     assert all(reply.held for reply in replies)
+    assert [reply.job for reply in replies if reply.paused] == ["job-3"]
     delta = {k[len("cmdstat_") :]: n - before.get(k, 0) for k, n in after.items()}
     assert delta.pop("evalsha") == 1
     # Everything else ran inside that one script call.
-    assert {k for k, n in delta.items() if n} <= {"get", "set", "pexpire", "pttl", "time"}
+    inside = {"get", "set", "pexpire", "pttl", "time", "hlen", "hgetall", "hexists"}
+    assert {k for k, n in delta.items() if n} <= inside | {"zadd", "zrangebyscore"}
 
 
 def _calls(client: redis.Redis) -> dict[str, int]:

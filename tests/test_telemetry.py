@@ -172,6 +172,7 @@ async def test_series_start_at_zero_for_every_registered_job(
         "already_run",
         "clock_ahead",
         "store_error",
+        "paused",
         "not_leader",
     }
     assert otel.value("singletonjob.leader", **{"singletonjob.job": "report"}) == 1

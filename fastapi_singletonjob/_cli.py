@@ -1,0 +1,242 @@
+"""The ``singletonjob`` command (also ``python -m fastapi_singletonjob``): the cluster view and
+the operators' controls from a shell, with no job definitions: jobs are known from the live
+nodes' membership records and the stored keys.
+
+Exit codes: 0 done; 2 bad usage or configuration (argparse's own code too); 3 Redis did not
+answer; 4 no such job; 1 anything else (a bug: reported in one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TextIO
+
+from redis.exceptions import RedisError
+
+from ._cluster_view import ClusterStatus
+from ._control_store import DEFAULT_CONTROL_TIMEOUT_S
+from ._errors import ConfigurationError, JobNotFound
+from ._jobs import SingletonJobs
+
+__all__ = ["EXIT_ERROR", "EXIT_NO_JOB", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_NO_JOB = 4
+
+_ACTIONS = {
+    "pause": ("pause", "paused"),
+    "resume": ("resume", "resumed"),
+    "trigger": ("trigger", "asked the leader for one extra run of"),
+    "step-down": ("step_down", "asked the leader to hand over"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # Accepted before and after the command; SUPPRESS keeps a later default from erasing an
+    # earlier value.
+    common.add_argument(
+        "--redis-url",
+        default=argparse.SUPPRESS,
+        help="the project's Redis (default: SINGLETONJOB_REDIS_URL, else redis://localhost:6379/0)",
+    )
+    common.add_argument(
+        "--project", default=argparse.SUPPRESS, help="the project (default: SINGLETONJOB_PROJECT)"
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts"
+    )
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=argparse.SUPPRESS,
+        help=f"seconds to wait for Redis (default {DEFAULT_CONTROL_TIMEOUT_S:g})",
+    )
+    parser = argparse.ArgumentParser(
+        prog="singletonjob",
+        parents=[common],
+        description="See and operate the jobs of a fastapi-singletonjob project.",
+        epilog="exit codes: 0 done, 2 bad usage or configuration, 3 Redis did not answer, "
+        "4 no such job, 1 any other error",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("status", parents=[common], help="nodes and jobs, as a table")
+    watch = commands.add_parser("watch", parents=[common], help="the status, refreshed")
+    watch.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    for name, help_text in (
+        ("pause", "pause a job cluster-wide (survives restarts)"),
+        ("resume", "resume a paused job"),
+        ("trigger", "one extra run now, on the current leader"),
+        ("step-down", "the leader hands the job over to another node"),
+    ):
+        command = commands.add_parser(name, parents=[common], help=help_text)
+        command.add_argument("job")
+    checkpoint = commands.add_parser("checkpoint", parents=[common], help="a job's checkpoint")
+    checkpoint.add_argument("job")
+    checkpoint.add_argument("--state", action="store_true", help="also print its state")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    out = out or sys.stdout
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse has already printed
+        return int(exc.code or 0)
+    try:
+        jobs = SingletonJobs(
+            getattr(args, "redis_url", None),
+            project=getattr(args, "project", None),
+            node_id="singletonjob-cli",
+        )
+    except ConfigurationError as exc:
+        _say(sys.stderr, f"singletonjob: {exc}")
+        return EXIT_USAGE
+    try:
+        return asyncio.run(_run(jobs, args, out))
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except JobNotFound as exc:
+        _say(sys.stderr, f"singletonjob: {exc}")
+        return EXIT_NO_JOB
+    except (RedisError, OSError, TimeoutError) as exc:
+        _say(
+            sys.stderr,
+            f"singletonjob: Redis at {jobs.store_description} did not answer: "
+            f"{type(exc).__name__}: {exc}".rstrip(": "),
+        )
+        return EXIT_UNREACHABLE
+    except Exception as exc:
+        _say(sys.stderr, f"singletonjob: unexpected error: {type(exc).__name__}: {exc}")
+        return EXIT_ERROR
+
+
+async def _run(jobs: SingletonJobs, args: argparse.Namespace, out: TextIO) -> int:
+    timeout_s = getattr(args, "timeout", DEFAULT_CONTROL_TIMEOUT_S)
+    as_json = getattr(args, "json", False)
+    if args.command in ("status", "watch"):
+        while True:
+            view = await asyncio.wait_for(jobs.cluster_status(), timeout_s)
+            if as_json:
+                _say(out, json.dumps(view.model_dump(mode="json")))
+            else:
+                if args.command == "watch":
+                    out.write("\x1b[H\x1b[2J")  # home, clear screen
+                out.write(render(view))
+                out.flush()
+            if args.command == "status":
+                return EXIT_OK
+            await asyncio.sleep(args.interval)
+    if args.command == "checkpoint":
+        return await _checkpoint(jobs, args.job, args.state, as_json, timeout_s, out)
+    method, done = _ACTIONS[args.command]
+    await asyncio.wait_for(getattr(jobs, method)(args.job), timeout_s)
+    if as_json:
+        result = {"job": args.job, "action": args.command, "accepted": True}
+        _say(out, json.dumps(result))
+    else:
+        _say(out, f"{done} job {args.job!r} of project {jobs.project!r}")
+    return EXIT_OK
+
+
+async def _checkpoint(
+    jobs: SingletonJobs, job: str, with_state: bool, as_json: bool, timeout_s: float, out: TextIO
+) -> int:
+    async with jobs._store() as store:
+        view = await asyncio.wait_for(jobs.cluster_status(), timeout_s)
+        if job not in {x.name for x in view.jobs}:
+            known = ", ".join(x.name for x in view.jobs) or "none"
+            raise JobNotFound(
+                f"no job named {job!r} is registered by a live node or stored; known jobs: {known}",
+                field="job",
+            )
+        checkpoint = await asyncio.wait_for(store.read_checkpoint(job), timeout_s)
+    if checkpoint is None:
+        _say(out, "null" if as_json else f"job {job!r} has no checkpoint")
+        return EXIT_OK
+    fields: dict[str, object] = {
+        "iteration": checkpoint.iteration,
+        "last_scheduled_at": checkpoint.last_scheduled_at,
+        "last_completed_at": checkpoint.last_completed_at,
+        "last_outcome": checkpoint.last_outcome,
+        "last_error": checkpoint.last_error,
+        "node_id": checkpoint.node_id,
+        "fencing_token": checkpoint.fencing_token,
+    }
+    if with_state:
+        fields["state"] = checkpoint.state
+    if as_json:
+        _say(out, json.dumps(fields, default=_when))
+    else:
+        for key, value in fields.items():
+            shown = json.dumps(value) if key == "state" else _when(value)
+            _say(out, f"{key + ':':19} {shown}")
+    return EXIT_OK
+
+
+def _say(stream: TextIO, text: str) -> None:
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def _when(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def _ago(now: datetime, then: datetime | None) -> str:
+    if then is None:
+        return "-"
+    seconds = (now - then).total_seconds()
+    return f"{seconds:.1f}s ago" if seconds < 120 else then.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+        for row in [header, *rows]
+    ]
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def render(view: ClusterStatus) -> str:
+    """The status as two tables, nodes and jobs."""
+    now = view.observed_at
+    nodes = [
+        (n.node_id, n.version, _ago(now, n.started_at), _ago(now, n.last_seen), ", ".join(n.leads))
+        for n in view.nodes
+    ]
+    jobs = []
+    for job in view.jobs:
+        checkpoint = job.checkpoint
+        last = checkpoint.last_completed_at if checkpoint else job.last_instant
+        jobs.append(
+            (
+                job.name,
+                job.schedule or "-",
+                job.leader or "-",
+                "-" if job.lease_time_left_s is None else f"{job.lease_time_left_s:.1f}s",
+                "yes" if job.paused else "no",
+                _ago(now, last),
+                (checkpoint.last_outcome if checkpoint else None) or "-",
+            )
+        )
+    return (
+        f"project {view.project!r} at {now.isoformat()}\n\n"
+        + _table(("NODE", "VERSION", "STARTED", "LAST SEEN", "LEADS"), nodes)
+        + "\n"
+        + _table(("JOB", "SCHEDULE", "LEADER", "LEASE LEFT", "PAUSED", "LAST RUN", "OUTCOME"), jobs)
+    )
