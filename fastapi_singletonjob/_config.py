@@ -17,7 +17,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Final
+from typing import Final, Literal
 
 from ._checkpoint import DEFAULT_CHECKPOINT_RETENTION_S
 from ._election import lease_deadline
@@ -179,6 +179,8 @@ class Settings:
     """The pid that generated a default node id (None when it was configured)."""
     checkpoint_retention_s: float = DEFAULT_CHECKPOINT_RETENTION_S
     """How long a job's checkpoint outlives the last renewal of its lock by any node."""
+    placement: Placement = "spread"
+    """How leadership is placed: spread over the live nodes, or first come (``_placement``)."""
 
     @classmethod
     def build(
@@ -194,6 +196,7 @@ class Settings:
         shutdown_timeout: Duration | None,
         precision: Duration | None = None,
         checkpoint_retention: Duration | None = None,
+        placement: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Settings:
         """Merge arguments, environment and defaults, and validate the result."""
@@ -272,6 +275,7 @@ class Settings:
                 pick(checkpoint_retention, "checkpoint_retention", DEFAULT_CHECKPOINT_RETENTION_S),
                 expiry_s,
             )
+            placed = _placement(placement if placement is not None else from_env("placement"))
         except ConfigurationError as error:
             raise _naming_the_variables(error, read) from None
         return cls(
@@ -285,6 +289,7 @@ class Settings:
             precision_s,
             generated_in,
             retention_s,
+            placed,
         )
 
     def for_this_process(self) -> Settings:
@@ -303,8 +308,27 @@ class Settings:
             f"heartbeat_interval_s={self.heartbeat_interval_s!r}, "
             f"lock_expiry_s={self.lock_expiry_s!r}, max_backoff_s={self.max_backoff_s!r}, "
             f"shutdown_timeout_s={self.shutdown_timeout_s!r}, precision_s={self.precision_s!r}, "
-            f"checkpoint_retention_s={self.checkpoint_retention_s!r})"
+            f"checkpoint_retention_s={self.checkpoint_retention_s!r}, "
+            f"placement={self.placement!r})"
         )
+
+
+Placement = Literal["spread", "first"]
+PLACEMENTS: tuple[Placement, ...] = ("spread", "first")
+
+
+def _placement(value: str | None) -> Placement:
+    if value is None:
+        return "spread"
+    for known in PLACEMENTS:
+        if value == known:
+            return known
+    raise ConfigurationError(
+        f"placement={value!r} is not a placement; use placement='spread' (leadership spread "
+        "over the live replicas, the default) or placement='first' (the first node to ask "
+        "leads)",
+        field="placement",
+    )
 
 
 MAX_PRECISION_S = 0.05

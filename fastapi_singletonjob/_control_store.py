@@ -209,21 +209,37 @@ class MemoryControls:
         return changed
 
     def _keep_member(self, owner: str) -> None:
-        """The membership part of one ``elect`` call."""
+        """The membership part of one ``elect`` call, placement included."""
         member = self.membership
         if member is None:
             return
         now = self._clock.monotonic()
-        members = self._data.members
+        now_ms = round(self._clock.now().timestamp() * 1000)
+        members, joined = self._data.members, self._data.joined
+        epochs = self._data.epochs
         key = self._control_key(owner)
         for other, (_, expiry) in list(members.items()):
             if expiry <= now:
                 del members[other]
+                joined.pop(other, None)
+                epochs[self._project] = epochs.get(self._project, 0) + 1
         if member.payload() or key not in members:
             members[key] = (member.record.to_json(), now + member.ttl_ms / 1000)
         else:
             members[key] = (members[key][0], now + member.ttl_ms / 1000)
+        if key not in joined:
+            joined[key] = (now_ms, member.digest)
+            epochs[self._project] = epochs.get(self._project, 0) + 1
         member.confirmed(True)
+        epoch = str(epochs.get(self._project, 0))
+        prefix = self._control_key("")
+        flat = [
+            item
+            for other, (at, digest) in joined.items()
+            if other.startswith(prefix)
+            for item in (other[len(prefix) :], f"{at}|{digest}")
+        ]
+        member.placed(now_ms, epoch, flat if epoch != member.epoch else [])
 
     def _flags(self, job: str, held: bool) -> tuple[bool, bool, bool]:
         """The job's controls for one ``elect`` reply: paused, triggered, step-down; the

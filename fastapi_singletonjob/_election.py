@@ -16,10 +16,12 @@ import random
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
+from typing import Literal
 
 from ._aio import Alarm, listen_for_releases, within
 from ._clock import Clock
 from ._lease import OWNER_SEPARATOR, Lease, node_of
+from ._placement import Spreader
 from ._store import LeaseReply, LeaseRequest, LeaseStore
 from ._telemetry import Telemetry
 from ._terms import Terms
@@ -47,6 +49,8 @@ class Elector:
         clock: Clock,
         rng: Callable[[], float] = random.random,
         telemetry: Telemetry | None = None,
+        placement: Literal["spread", "first"] = "first",
+        settle_s: float | None = None,
     ) -> None:
         self._store = store
         self.node_id = node_id
@@ -75,6 +79,17 @@ class Elector:
         self.last_round_at: float | None = None
         """Monotonic time the loop last finished a round (alive or not, it came back)."""
         self.round_trip_s: float | None = None
+        self._spread = (
+            Spreader(
+                node_id,
+                membership=lambda: getattr(store, "membership", None),
+                settle_s=self._longest_ttl_s if settle_s is None else settle_s,
+                heartbeat_s=heartbeat_s,
+                clock=clock,
+            )
+            if placement == "spread"
+            else None
+        )
 
     # -- queries --------------------------------------------------------------------------
 
@@ -174,12 +189,15 @@ class Elector:
         """One acquire-or-renew round for all leases; returns the delay until the next."""
         self.terms.expire()
         now = self._clock.monotonic()
+        if self._spread is not None:
+            self._spread.refresh(self.leases)
         requests = [
             LeaseRequest(
                 lease.job,
                 lease.ttl_s,
                 lease.value if lease.token is not None else None,
                 lease.retention_s,
+                lease.token is not None or self._spread is None or self._spread.take(lease),
             )
             for lease in self.leases.values()
             if lease.wanted
@@ -207,11 +225,35 @@ class Elector:
         if resigned:
             await self.release(resigned)
         await self._step_down()
+        if self._spread is not None:
+            self._spread.refresh(self.leases)
+            await self._hand_over()
+            looked_at = [request.job for request in requests if not request.take]
+            if self.failures == 0 and self._spread.wants_round(self.leases, looked_at):
+                return 0.0  # a free lock this round only looked at is this node's now
         self.terms.expire()
         # Rounds are spaced from send to send: on a link whose round trip is a large part of a
         # heartbeat, a pause counted from the reply would space renewals by the round trip plus
         # a heartbeat, and a lease whose deadline comes before the next reply would lapse.
         return max(0.0, self._delay() - (self._clock.monotonic() - sent_at))
+
+    async def _hand_over(self) -> None:
+        """``placement="spread"``: release, between runs, the jobs a less busy node is
+        preferred for (it takes each over at the notice), and stay out of their election
+        for one lock expiry."""
+        assert self._spread is not None
+        jobs = self._spread.to_hand_over(self.leases)
+        for job in jobs:
+            lease = self.leases[job]
+            lease.rest_until = self._clock.monotonic() + lease.ttl_s
+            logger.info(
+                "node %s hands job %r over to node %s, which placement prefers for it",
+                self.node_id,
+                job,
+                self._spread.placement.preferred(job),
+            )
+        if jobs:
+            await self.release(jobs)
 
     async def _step_down(self) -> None:
         """Hand over the jobs an operator asked this node to step down from, between runs:

@@ -96,6 +96,7 @@ class Engine:
             max_backoff_s=settings.max_backoff_s,
             clock=clock,
             telemetry=self.telemetry,
+            placement=settings.placement,
         )
         sync_jobs = sum(1 for spec in enabled if not spec.is_async)
         # One thread per sync job: a job never has two runs at once, so none ever queues.

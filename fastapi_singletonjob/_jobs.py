@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
@@ -71,6 +71,9 @@ class SingletonJobs(Operations):
         while it waits (0 = off, the default; 0.002 is a good value; at most 0.05).
     :param checkpoint_retention: how long a job's checkpoint outlives the last node that led
         it (30 days); a live job's record never expires.
+    :param placement: ``"spread"`` (default): leadership of the jobs spreads over the live
+        replicas, moved by graceful handovers; ``"first"``: the first node to ask leads
+        (``SINGLETONJOB_PLACEMENT``).
     :param clock: a ``FakeClock`` in tests; default the
         system clock.
     :param tracer_provider: OpenTelemetry tracer provider; default the global one.
@@ -90,6 +93,7 @@ class SingletonJobs(Operations):
         shutdown_timeout: Duration | None = None,
         precision: Duration | None = None,
         checkpoint_retention: Duration | None = None,
+        placement: Literal["spread", "first"] | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -115,6 +119,7 @@ class SingletonJobs(Operations):
             shutdown_timeout=shutdown_timeout,
             precision=precision,
             checkpoint_retention=checkpoint_retention,
+            placement=placement,
         )
         self._client = redis
         self._clock: Clock = clock or SYSTEM_CLOCK

@@ -44,6 +44,14 @@ key                                            type    content
                                                        of the server clock; each ``ELECT`` pushes
                                                        it back and drops the records of the owners
                                                        already past it (from both keys)
+``singletonjob:{<project>}:nodes:placement``   hash    owner id -> ``<joined>|<jobs digest>``: when
+                                                       the owner's record appeared (ms of the
+                                                       server clock) and a digest of its job names
+                                                       (``_membership``); ``#epoch`` -> a counter
+                                                       that ``ELECT`` raises whenever an owner
+                                                       joins or leaves; a node reads the hash only
+                                                       when the epoch it knows is not the current
+                                                       one (``_placement``)
 ``singletonjob:{<project>}:controls``          hash    operators' controls, no TTL:
                                                        ``paused:<job>`` -> JSON (``at``, ``by``),
                                                        present while the job is paused;
@@ -64,6 +72,7 @@ __all__ = [
     "members_key",
     "member_expiry_key",
     "paused_field",
+    "placement_key",
     "release_channel",
     "step_down_field",
     "trigger_field",
@@ -109,6 +118,11 @@ def members_key(project: str) -> str:
 def member_expiry_key(project: str) -> str:
     """The sorted set of membership expiries (owner id -> server time in ms)."""
     return f"{_tag(project)}:nodes:expiry"
+
+
+def placement_key(project: str) -> str:
+    """The hash of when each member joined and which jobs it runs (a digest), and the epoch."""
+    return f"{_tag(project)}:nodes:placement"
 
 
 def controls_key(project: str) -> str:

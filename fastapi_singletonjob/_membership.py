@@ -10,13 +10,15 @@ their own.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-__all__ = ["VERSION", "MemberRecord", "Membership"]
+__all__ = ["VERSION", "MemberRecord", "Membership", "jobs_digest"]
 
 logger = logging.getLogger("fastapi_singletonjob.membership")
 
@@ -81,14 +83,43 @@ class MemberRecord:
             return None
 
 
+def jobs_digest(jobs: Iterable[str]) -> str:
+    """A short digest of a set of job names: nodes with equal digests run the same jobs."""
+    text = "\n".join(sorted(jobs)).encode()
+    return hashlib.blake2b(text, digest_size=8).hexdigest()
+
+
 class Membership:
-    """This node's record and whether the store has it: sent whole only when needed."""
+    """This node's record and whether the store has it (sent whole only when needed), and
+    the placement facts each election call brings back: the server's clock, and who is a
+    member since when, running which jobs (read again only when the epoch changes)."""
 
     def __init__(self, record: MemberRecord) -> None:
         self.record = record
         self._json = record.to_json()
+        self.digest = jobs_digest(record.jobs)
         self.stored = False
         """True once an election call stored the record and none since reported it missing."""
+        self.epoch = ""
+        """The placement epoch of ``peers``; "" before the first call."""
+        self.peers: dict[str, tuple[int, str]] = {}
+        """Owner id -> (joined at, server ms; jobs digest), for every live member."""
+        self.server_ms: int | None = None
+        """The server's clock at the last call, in ms since the epoch."""
+
+    def placed(self, server_ms: int, epoch: str, flat: Sequence[str]) -> None:
+        """Apply a call's placement part: the server time, the epoch, and the placement
+        hash flat (field, value, ...) when the epoch changed (else empty)."""
+        self.server_ms = server_ms
+        if epoch == self.epoch or not flat:
+            return
+        peers = {}
+        for owner, value in zip(flat[::2], flat[1::2], strict=True):
+            joined, sep, digest = value.partition("|")
+            if owner.startswith("#") or not sep or not joined.isdigit():
+                continue
+            peers[owner] = (int(joined), digest)
+        self.epoch, self.peers = epoch, peers
 
     @property
     def ttl_ms(self) -> int:

@@ -12,17 +12,26 @@ node counts.
 The election uses the answer two ways. A node takes a free lock at once only for a job it is
 preferred for (or one no live node prefers); for the others it leaves the preferred node one
 round first, so a pushed release goes to the right node. And a node that leads a job preferred
-elsewhere hands it over between runs, at most ``moves_per_round`` per round, so that a join
-does not empty a node in one heartbeat.
+elsewhere hands it over between runs when the preferred node leads at least two jobs fewer, at
+most ``moves_per_round`` per round, so that a join does not empty a node in one heartbeat and a
+balanced cluster does not move at all.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["Candidate", "Placement", "rank"]
+from ._lease import Lease, node_of
+
+if TYPE_CHECKING:
+    from ._clock import Clock
+    from ._membership import Membership
+
+__all__ = ["Candidate", "Placement", "Spreader", "rank"]
 
 DEFAULT_MOVES_PER_ROUND = 2
 
@@ -85,12 +94,123 @@ class Placement:
         preferred = self._preferred.get(job)
         return preferred is None or preferred == self._node_id or seen_free_before
 
-    def to_hand_over(self, led: Iterable[str], idle: Mapping[str, bool]) -> list[str]:
-        """The jobs this node leads but another node is preferred for, and that have no run
-        in flight (``idle[job]``): at most ``moves_per_round`` of them, in name order."""
-        moving = [
-            job
-            for job in sorted(led)
-            if idle.get(job, False) and self._preferred.get(job, self._node_id) != self._node_id
-        ]
-        return moving[: self._moves]
+    def to_hand_over(
+        self, led: Iterable[str], idle: Mapping[str, bool], counts: Mapping[str, int]
+    ) -> list[str]:
+        """The jobs this node should hand over now: among those it leads and that have no run
+        in flight (``idle[job]``), each whose preferred node leads at least two jobs fewer
+        than this one (``counts``: jobs led per node id, as this node last saw them), at most
+        ``moves_per_round``, in name order. The margin keeps what is balanced in place: a
+        node that leads one job never hands it over, and leadership settles without moves
+        back and forth."""
+        counts = dict(counts)
+        moving: list[str] = []
+        for job in sorted(led):
+            target = self._preferred.get(job, self._node_id)
+            if target == self._node_id or not idle.get(job, False):
+                continue
+            if counts.get(self._node_id, 0) <= counts.get(target, 0) + 1:
+                continue
+            moving.append(job)
+            counts[self._node_id] = counts.get(self._node_id, 0) - 1
+            counts[target] = counts.get(target, 0) + 1
+            if len(moving) == self._moves:
+                break
+        return moving
+
+
+class Spreader:
+    """``placement="spread"`` inside one node's election: reads the membership that each
+    ``ELECT`` call brings back (``Membership.peers``), and tells the election which free locks
+    to take, which jobs to hand over, and when a round should come at once."""
+
+    __slots__ = (
+        "_changed_at",
+        "_clock",
+        "_heartbeat_s",
+        "_key",
+        "_membership",
+        "_node_id",
+        "_placement",
+        "_settle_ms",
+    )
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        membership: Callable[[], Membership | None],
+        settle_s: float,
+        heartbeat_s: float,
+        clock: Clock,
+    ) -> None:
+        self._node_id = node_id
+        self._membership = membership
+        self._settle_ms = settle_s * 1000
+        self._heartbeat_s = heartbeat_s
+        self._clock = clock
+        self._placement = Placement(node_id)
+        self._key: tuple[str, frozenset[str]] | None = None
+        self._changed_at = float("-inf")
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
+
+    def refresh(self, leases: Mapping[str, Lease]) -> None:
+        """Recompute the preferences when the members, or which of them have settled,
+        changed since the last call."""
+        member = self._membership()
+        if member is None or member.server_ms is None:
+            return
+        settled = frozenset(
+            owner
+            for owner, (joined_ms, _) in member.peers.items()
+            if joined_ms + self._settle_ms <= member.server_ms
+        )
+        if (member.epoch, settled) == self._key:
+            return
+        self._key = (member.epoch, settled)
+        self._changed_at = self._clock.monotonic()
+        mine = frozenset(job for job, lease in leases.items() if lease.wanted)
+        candidates: dict[str, Candidate] = {}
+        for owner, (_, digest) in sorted(member.peers.items()):
+            node = node_of(owner) or owner
+            jobs = mine if digest == member.digest else frozenset()
+            settled_here = owner in settled or candidates.get(node, _NOBODY).settled
+            candidates[node] = Candidate(node, jobs, settled_here)
+        self._placement.update(candidates.values(), mine)
+
+    def take(self, lease: Lease) -> bool:
+        """Whether this node takes ``lease``'s lock when it is free, in this round."""
+        seen_free = lease.holder is None and lease.observed_at is not None
+        return self._placement.may_take(lease.job, seen_free)
+
+    def to_hand_over(self, leases: Mapping[str, Lease]) -> list[str]:
+        """The jobs to release now for their preferred nodes (none in the heartbeat after
+        the preferences changed, so that every node has seen the same change)."""
+        if self._clock.monotonic() - self._changed_at < self._heartbeat_s:
+            return []
+        led = [job for job, lease in leases.items() if lease.token is not None and lease.wanted]
+        idle = {
+            job: not (lease.running or lease.stepping_down)
+            for job, lease in leases.items()
+            if lease.token is not None
+        }
+        counts = Counter(
+            lease.holder for lease in leases.values() if lease.wanted and lease.holder is not None
+        )
+        return self._placement.to_hand_over(led, idle, counts)
+
+    def wants_round(self, leases: Mapping[str, Lease], looked_at: Iterable[str]) -> bool:
+        """Whether a free lock that this round only looked at is this node's to take now (it
+        became the preferred node): then the next round should come at once."""
+        return any(
+            leases[job].holder is None
+            and leases[job].token is None
+            and self._placement.preferred(job) == self._node_id
+            for job in looked_at
+        )
+
+
+_NOBODY = Candidate("", frozenset(), False)

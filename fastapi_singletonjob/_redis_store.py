@@ -198,12 +198,15 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
             _keys.members_key(self._project),
             _keys.member_expiry_key(self._project),
             _keys.controls_key(self._project),
+            _keys.placement_key(self._project),
         ]
         args: list[str | int] = [
             node_id,
             "" if member is None else member.payload(),
             "" if member is None else member.ttl_ms,
             "\n".join(request.job for request in requests),
+            "" if member is None else member.epoch,
+            "" if member is None else member.digest,
         ]
         for request in requests:
             keys += (
@@ -215,7 +218,7 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
             held = request.held if is_lock_value(request.held) else None
             retention = request.retention_s
             args += (
-                max(1, round(request.ttl_s * 1000)),
+                max(1, round(request.ttl_s * 1000)) if request.take else 0,
                 held or "",
                 "" if retention is None else max(1, round(retention * 1000)),
             )
@@ -225,6 +228,8 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
             raise await self._read_only("a read-only replica") from exc
         if member is not None:
             member.confirmed(int(raw[0]) == 1)
+            server_ms, epoch, *flat = raw[4 * len(requests) + 1 :]
+            member.placed(int(server_ms), _text(epoch) or "", [_text(x) or "" for x in flat])
         replies = []
         for i, request in enumerate(requests):
             status, value, ttl_ms, flags = raw[4 * i + 1 : 4 * i + 5]

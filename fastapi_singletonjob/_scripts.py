@@ -20,18 +20,23 @@ __all__ = ["CLAIM", "CONTROL", "ELECT", "RECORD_RUN", "RELEASE", "SAVE_STATE"]
 # KEYS[2]    - the membership expiries (sorted set: owner id -> server time in ms)
 # KEYS[3]    - the project's controls hash (``paused:<job>``, ``trigger:<job>``,
 #              ``step-down:<job>``)
-# KEYS[3i+1] - lock key of job i   KEYS[3i+2] - fence key of job i   KEYS[3i+3] - its checkpoint
+# KEYS[4]    - the project's placement hash (owner id -> "<joined, server ms>|<jobs digest>",
+#              and "#epoch" -> a counter that grows whenever a member joins or leaves)
+# KEYS[3i+2] - lock key of job i   KEYS[3i+3] - fence key of job i   KEYS[3i+4] - its checkpoint
 # ARGV[1]    - owner id of the caller
 # ARGV[2]    - the caller's membership record (JSON), or "" when it was written before and has
 #              not changed: then only its expiry is pushed back
 # ARGV[3]    - how long the membership record lives without a renewal, in milliseconds, or ""
 #              for a caller without a record (nothing of the membership is read or written)
 # ARGV[4]    - the names of the caller's jobs, in order, separated by "\n"
-# ARGV[3i+2] - lease time of job i, in milliseconds
-# ARGV[3i+3] - the exact lock value the caller holds for job i in its current term, or "" (the
+# ARGV[5]    - the placement epoch the caller knows ("" for none)
+# ARGV[6]    - the digest of the caller's jobs (which nodes run the same jobs)
+# ARGV[3i+4] - lease time of job i, in milliseconds, or "0" to look at the lock without taking
+#              it when it is free (placement: another node is preferred for it)
+# ARGV[3i+5] - the exact lock value the caller holds for job i in its current term, or "" (the
 #              caller sends "" for a value this library does not write: such a value is never
 #              the caller's, and "" itself is never renewed)
-# ARGV[3i+4] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
+# ARGV[3i+6] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
 #              the caller holds the lock, its checkpoint's expiry is pushed back to it, so that
 #              only the record of a job that no node leads any more expires
 #
@@ -45,6 +50,8 @@ __all__ = ["CLAIM", "CONTROL", "ELECT", "RECORD_RUN", "RELEASE", "SAVE_STATE"]
 #   the lock's remaining time to live in milliseconds (-1: no expiry, or an error);
 #   the job's controls as bits: 1 paused; 2 an extra run asked for, and 4 a step-down asked
 #   for, both consumed (deleted) by this call, and only ever reported to the lock's holder.
+# Then the server time in ms and the placement epoch; and, when that epoch is not ARGV[5] and
+# the caller keeps a membership record, the placement hash's fields and values, flat.
 #
 # Only the exact value of the caller's current term is renewed: a lock of the caller's that
 # outlived a term the caller already ended (a lost reply) is left to expire, so that a node
@@ -67,10 +74,15 @@ if ARGV[3] ~= '' then
     member = 0
   end
   redis.pcall('ZADD', KEYS[2], now_ms + tonumber(ARGV[3]), owner)
+  if redis.pcall('HSETNX', KEYS[4], owner, now_ms .. '|' .. ARGV[6]) == 1 then
+    redis.pcall('HINCRBY', KEYS[4], '#epoch', 1)
+  end
   local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now_ms)
   if #gone > 0 then
     redis.call('HDEL', KEYS[1], unpack(gone))
+    redis.call('HDEL', KEYS[4], unpack(gone))
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
+    redis.pcall('HINCRBY', KEYS[4], '#epoch', 1)
   end
 end
 local controls = {}
@@ -85,11 +97,13 @@ for name in string.gmatch(ARGV[4], '[^\\n]+') do
   table.insert(names, name)
 end
 local out = {member}
-for i = 1, (#KEYS - 3) / 3 do
-  local lock, fence, checkpoint = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
-  local ttl, held, retention = ARGV[3 * i + 2], ARGV[3 * i + 3], ARGV[3 * i + 4]
+for i = 1, (#KEYS - 4) / 3 do
+  local lock, fence, checkpoint = KEYS[3 * i + 2], KEYS[3 * i + 3], KEYS[3 * i + 4]
+  local ttl, held, retention = ARGV[3 * i + 4], ARGV[3 * i + 5], ARGV[3 * i + 6]
   local status, value, left = 0, redis.call('GET', lock), nil
-  if value then
+  if not value and ttl == '0' then
+    value, left = false, -2
+  elseif value then
     if held ~= '' and value == held then
       redis.call('PEXPIRE', lock, ttl)
       status, left = 1, tonumber(ttl)
@@ -129,6 +143,14 @@ for i = 1, (#KEYS - 3) / 3 do
   table.insert(out, value)
   table.insert(out, left)
   table.insert(out, flags)
+end
+local epoch = redis.call('HGET', KEYS[4], '#epoch') or '0'
+table.insert(out, now_ms)
+table.insert(out, epoch)
+if ARGV[3] ~= '' and epoch ~= ARGV[5] then
+  for _, item in ipairs(redis.call('HGETALL', KEYS[4])) do
+    table.insert(out, item)
+  end
 end
 return out
 """

@@ -76,6 +76,9 @@ class LeaseRequest:
     ttl_s: float
     held: str | None = None
     retention_s: float | None = None
+    take: bool = True
+    """False: look at the lock without taking it when it is free (placement prefers another
+    node for the job; see ``_placement``)."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,10 @@ class _MemoryData:
     """Per project and owner id: the membership record (JSON) and its expiry."""
     controls: dict[str, str] = field(default_factory=dict)
     """Per project and field of the controls hash (``_keys.paused_field`` ...): its value."""
+    joined: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Per project and owner id: when it joined (ms) and its jobs digest (placement)."""
+    epochs: dict[str, int] = field(default_factory=dict)
+    """Per project: the placement epoch, raised at each join and leave."""
 
 
 # One data set per (clock, URL): instances of one process that share both see each other.
@@ -258,6 +265,9 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
             if current is not None and current[1] <= now:
                 current = None
             held = False
+            if current is None and not request.take:
+                replies.append(LeaseReply(request.job, False, None, None))
+                continue
             if current is None:
                 token = self._data.fences.get(key, 0) + 1
                 self._data.fences[key] = token

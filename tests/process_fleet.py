@@ -53,8 +53,10 @@ class ProcessFleet:
 
     def spawn(self, node: str, args: Sequence[str]) -> Replica:
         """Start ``args`` as replica ``node``, journalling to ``<node>.jsonl`` (the caller
-        passes that path in ``args``: see :meth:`journal_of`) and logging to ``<node>.log``."""
-        assert node not in self.replicas, f"node {node} was started before"
+        passes that path in ``args``: see :meth:`journal_of`) and logging to ``<node>.log``.
+        A node whose process exited may be started again (a restart: same id, same files)."""
+        previous = self.replicas.get(node)
+        assert previous is None or previous.proc.poll() is not None, f"node {node} still runs"
         log = self.workdir / f"{node}.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen(

@@ -77,7 +77,7 @@ async def test_pause_stops_new_runs_at_once_and_survives_a_restart_of_the_leader
     print(f"runs started after pause() returned: {[f'{x * 1000:.1f} ms' for x in late]}")
     assert all(x < PAUSE_BOUND_S for x in late), late
 
-    cluster.signal(leader, signal.SIGTERM)
+    cluster.send(leader, signal.SIGTERM)
     assert await cluster.wait_exit(leader) == 0, cluster.describe()
     cluster.start(leader)  # the same node id, a new process
     await members(operator, 2)

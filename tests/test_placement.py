@@ -103,11 +103,23 @@ def test_hand_over_is_bounded_and_waits_for_runs_to_end() -> None:
     mine = [job for job in JOBS if placement.preferred(job) == "a"]
     led = theirs[:5] + mine[:3]
     idle = {job: True for job in led} | {theirs[0]: False}
-    moving = placement.to_hand_over(led, idle)
+    moving = placement.to_hand_over(led, idle, {"a": 8})
     assert len(moving) == 2
     assert theirs[0] not in moving  # a run is in flight
     assert set(moving) <= set(theirs[1:5])
-    assert placement.to_hand_over(mine[:3], dict.fromkeys(mine[:3], True)) == []
+    assert placement.to_hand_over(mine[:3], dict.fromkeys(mine[:3], True), {"a": 3}) == []
+
+
+def test_hand_over_only_what_evens_the_counts() -> None:
+    placement = Placement("a", moves_per_round=10)
+    placement.update(nodes("a", "b"), JOBS)
+    theirs = [job for job in JOBS if placement.preferred(job) == "b"]
+    idle = dict.fromkeys(theirs, True)
+    # One job, led by a node that is not preferred for it: balanced enough, it stays.
+    assert placement.to_hand_over(theirs[:1], idle, {"a": 1}) == []
+    # Six led here, none there: three move, and the counts end within one of each other.
+    assert len(placement.to_hand_over(theirs[:6], idle, {"a": 6, "b": 0})) == 3
+    assert placement.to_hand_over(theirs[:6], idle, {"a": 6, "b": 5}) == []
 
 
 def test_moves_per_round_must_be_positive() -> None:

@@ -434,8 +434,8 @@ async def test_redis_one_round_trip_elects_all_jobs(
     delta = {k[len("cmdstat_") :]: n - before.get(k, 0) for k, n in after.items()}
     assert delta.pop("evalsha") == 1
     # Everything else ran inside that one script call.
-    inside = {"get", "set", "pexpire", "pttl", "time", "hlen", "hgetall", "hexists"}
-    assert {k for k, n in delta.items() if n} <= inside | {"zadd", "zrangebyscore"}
+    inside = {"get", "set", "pexpire", "pttl", "time", "hlen", "hgetall", "hexists", "hget"}
+    assert {k for k, n in delta.items() if n} <= inside | {"zadd", "zrangebyscore", "hsetnx"}
 
 
 def _calls(client: redis.Redis) -> dict[str, int]:

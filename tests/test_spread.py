@@ -1,0 +1,167 @@
+"""``placement="spread"`` with whole nodes on a fake clock (memory store, zero real time): the
+leadership of many jobs spreads over the live nodes, a join moves only its share, a leave only
+the leaver's jobs, and ``placement="first"`` keeps first-come leadership."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from fake_nodes import kill, stop
+
+from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob.testing import FakeClock
+
+HEARTBEAT_S = 0.1
+EXPIRY_S = 0.5
+JOBS = [f"job-{i:02d}" for i in range(12)]
+
+Leaders = dict[str, str | None]
+
+
+def node(clock: FakeClock, name: str, project: str, placement: str = "spread") -> SingletonJobs:
+    jobs = SingletonJobs(
+        "memory://",
+        project=project,
+        node_id=name,
+        heartbeat_interval=HEARTBEAT_S,
+        lock_expiry=EXPIRY_S,
+        shutdown_timeout=0.5,
+        clock=clock,
+        placement=placement,  # type: ignore[arg-type]
+    )
+    for job in JOBS:
+
+        @jobs.fixed_rate(job, every=1.0, checkpoint=False)
+        async def run(ctx: JobContext) -> None:
+            pass
+
+    return jobs
+
+
+def leaders(nodes: list[SingletonJobs]) -> Leaders:
+    """Which node leads each job (None: nobody); fails on two leaders of one job."""
+    led: Leaders = dict.fromkeys(JOBS)
+    for jobs in nodes:
+        engine = jobs.engine
+        if engine is None:
+            continue
+        for job in JOBS:
+            if engine.elector.is_leader(job):
+                assert led[job] is None, f"{job} led by {led[job]} and {jobs.node_id}"
+                led[job] = jobs.node_id
+    return led
+
+
+async def run_for(clock: FakeClock, nodes: list[SingletonJobs], seconds: float) -> list[Leaders]:
+    """Advance ``seconds`` in steps of 10 ms; the leaders after each step."""
+    seen = []
+    for _ in range(round(seconds / 0.01)):
+        await clock.advance(0.01)
+        seen.append(leaders(nodes))
+    return seen
+
+
+def moves(history: list[Leaders]) -> int:
+    """Changes of a job's leader from one node to another (a gap in between counts once)."""
+    last: dict[str, str] = {}
+    count = 0
+    for snapshot in history:
+        for job, leader in snapshot.items():
+            if leader is None:
+                continue
+            if job in last and last[job] != leader:
+                count += 1
+            last[job] = leader
+    return count
+
+
+@pytest.fixture
+async def cluster(unique_project: str) -> AsyncIterator[Callable[..., SingletonJobs]]:
+    clock = FakeClock()
+    made: list[SingletonJobs] = []
+
+    def make(name: str, placement: str = "spread") -> SingletonJobs:
+        jobs = node(clock, name, unique_project, placement)
+        made.append(jobs)
+        return jobs
+
+    make.clock = clock  # type: ignore[attr-defined]
+    try:
+        yield make
+    finally:
+        for jobs in made:
+            if jobs.engine is not None:
+                await stop(jobs, clock)
+
+
+async def test_twelve_jobs_over_three_nodes_settle_four_plus_or_minus_two(
+    cluster: Callable[..., SingletonJobs],
+) -> None:
+    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
+    nodes = [cluster(name) for name in ("web-a", "web-b", "web-c")]
+    for jobs in nodes:
+        await jobs.start()
+    history = await run_for(clock, nodes, EXPIRY_S + 1.5)
+    counts = Counter(history[-1].values())
+    print(f"after {EXPIRY_S + 1.5:g} s: {dict(counts)}, {moves(history)} moves")
+    assert None not in counts
+    assert all(2 <= counts[jobs.node_id] <= 6 for jobs in nodes), counts
+    # Settled: nothing moves any more.
+    assert moves(await run_for(clock, nodes, 2.0)) == 0
+
+
+async def test_a_join_moves_at_most_its_share_and_a_leave_only_the_leavers_jobs(
+    cluster: Callable[..., SingletonJobs],
+) -> None:
+    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
+    nodes = [cluster(name) for name in ("web-a", "web-b", "web-c")]
+    for jobs in nodes:
+        await jobs.start()
+    before = (await run_for(clock, nodes, EXPIRY_S + 2.0))[-1]
+
+    newcomer = cluster("web-d")
+    await newcomer.start()
+    nodes.append(newcomer)
+    history = await run_for(clock, nodes, EXPIRY_S + 2.0)
+    after_join = history[-1]
+    moved = [job for job in JOBS if before[job] != after_join[job]]
+    print(f"join: {len(moved)} moved, {dict(Counter(after_join.values()))}")
+    assert all(after_join[job] == "web-d" for job in moved), (before, after_join)
+    assert 1 <= len(moved) <= 5  # its share of 12 over 4 nodes is 3
+
+    leaver = nodes[0]
+    await stop(leaver, clock)
+    history = await run_for(clock, nodes, EXPIRY_S + 2.0)
+    after_leave = history[-1]
+    moved = [job for job in JOBS if after_join[job] != after_leave[job]]
+    assert {job for job in moved} == {job for job in JOBS if after_join[job] == leaver.node_id}
+    assert None not in after_leave.values()
+
+
+async def test_a_killed_nodes_jobs_are_taken_over(cluster: Callable[..., SingletonJobs]) -> None:
+    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
+    nodes = [cluster(name) for name in ("web-a", "web-b", "web-c")]
+    for jobs in nodes:
+        await jobs.start()
+    before = (await run_for(clock, nodes, EXPIRY_S + 2.0))[-1]
+    victim = nodes[1]
+    kill(victim)
+    history = await run_for(clock, [nodes[0], nodes[2]], 2 * EXPIRY_S + 3 * HEARTBEAT_S)
+    after = history[-1]
+    assert None not in after.values(), after
+    assert all(after[job] == before[job] for job in JOBS if before[job] != victim.node_id)
+
+
+async def test_first_keeps_first_come_leadership(cluster: Callable[..., SingletonJobs]) -> None:
+    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
+    first = cluster("web-a", "first")
+    await first.start()
+    await run_for(clock, [first], HEARTBEAT_S * 2)
+    nodes = [first, cluster("web-b", "first"), cluster("web-c", "first")]
+    for jobs in nodes[1:]:
+        await jobs.start()
+    history = await run_for(clock, nodes, EXPIRY_S + 2.0)
+    assert set(history[-1].values()) == {"web-a"}
+    assert moves(history) == 0
