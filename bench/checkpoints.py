@@ -51,6 +51,7 @@ LOCK_EXPIRY_S = 30.0
 SCRIPT_COMMANDS = frozenset(
     {"get", "set", "pexpire", "pttl", "time", "del", "publish"}  # ELECT, CLAIM, RELEASE
     | {"type", "hget", "hmget", "hincrby", "hset", "hdel"}  # RECORD_RUN, SAVE_STATE
+    | {"hlen", "hexists", "hsetnx", "zadd", "zrangebyscore", "zremrangebyscore"}  # ELECT
 )
 """Commands that only the library's scripts run (inside Redis); ``HGETALL`` is the read at a
 term's first run, which comes before the window."""

@@ -24,7 +24,20 @@ JOB_COUNTS = (1, 10, 100, 1000)
 HEARTBEAT_S = 0.25
 LOCK_EXPIRY_S = 1.0
 DEFAULT_HEARTBEAT_S = 3.0
-SCRIPT_COMMANDS = {"get", "set", "pexpire", "pttl", "time", "del", "publish"}
+SCRIPT_COMMANDS = {"get", "set", "pexpire", "pttl", "time", "del", "publish"} | {
+    # ELECT's membership, placement and controls
+    "hlen",
+    "hget",
+    "hgetall",
+    "hexists",
+    "hset",
+    "hsetnx",
+    "hdel",
+    "hincrby",
+    "zadd",
+    "zrangebyscore",
+    "zremrangebyscore",
+}
 OWN_COMMANDS = ("info", "config", "memory", "flushall", "dbsize")
 
 

@@ -35,7 +35,8 @@ Json = dict[str, Any]
 
 
 def make_jobs(url: str, project: str, node_id: str) -> SingletonJobs:
-    """A node with a job that succeeds, one that always fails, and a disabled one."""
+    """A node with a job that succeeds, one that always fails, and a disabled one; first-come
+    leadership, so that a follower of a job never led it (tests/test_spread.py moves jobs)."""
     jobs = SingletonJobs(
         url,
         project=project,
@@ -44,6 +45,7 @@ def make_jobs(url: str, project: str, node_id: str) -> SingletonJobs:
         lock_expiry=LOCK_EXPIRY_S,
         max_backoff=MAX_BACKOFF_S,
         shutdown_timeout=1.0,
+        placement="first",
     )
 
     @jobs.interval("tick", every=0.05)
