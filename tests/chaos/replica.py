@@ -170,6 +170,9 @@ class ReplicaConfig:
     watch_loop: bool = False
     """Journal a ``stall`` (its length in ``late``) whenever the event loop did not run for
     more than ``STALL_S``: what a blocking call costs the election's heartbeats."""
+    placement: str = "first"
+    """The rows judge terms and handovers that faults cause: first-come leadership, so that
+    no placement handover counts among them (tests/test_spread.py tests ``spread``)."""
 
     def dump(self, path: Path) -> None:
         """Write the config as JSON."""
@@ -290,6 +293,7 @@ class Node:
             "lock_expiry": config.lock_expiry,
             "max_backoff": config.max_backoff,
             "shutdown_timeout": config.shutdown_timeout,
+            "placement": config.placement,
         }
         if self.client is not None:
             jobs = SingletonJobs(redis=self.client, **settings)
