@@ -291,6 +291,10 @@ class Node:
             "max_backoff": config.max_backoff,
             "shutdown_timeout": config.shutdown_timeout,
         }
+        if config.extra.get("generated_node_id"):
+            # Several workers of one server share this config: let the library draw an id per
+            # process (after a fork too, as with gunicorn --preload).
+            del settings["node_id"]
         if self.client is not None:
             jobs = SingletonJobs(redis=self.client, **settings)
         else:

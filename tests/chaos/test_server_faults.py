@@ -1,0 +1,391 @@
+"""Real servers through their stops, reloads and recycles (issue 15): gunicorn with
+uvicorn-worker, ``uvicorn --workers`` and ``--reload``, ``hypercorn -w``, each a subprocess
+serving the chaos replica on a real Redis. Every row checks the journals (one runner at a time,
+tokens never down, one node id per worker, nothing started or acquired by a worker whose
+shutdown began) and measures the handover gap: the old leader's last run end to the new
+leader's first run start. docs/lifespan.md quotes these numbers."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from .checker import Run
+from .harness import Cluster, Replica, Results, Timing, full_only, now
+from .replica import JobConfig
+from .server_procs import (
+    GUNICORN,
+    HYPERCORN,
+    TICK,
+    UVICORN,
+    Verdict,
+    gunicorn,
+    hypercorn,
+    needs,
+    start_server,
+    uvicorn,
+    verdict,
+    watch_workers,
+    workers_ready,
+)
+
+JOB = "tick"
+SLOW = JobConfig(JOB, every=1.0, run_s=0.8)
+"""A job that is mostly running: a stop usually finds a run in flight."""
+MAX_REQUESTS = 20
+STARTUP_RUN_S = 20.0
+OUTAGE_SEEN_S = 5.0
+OUTAGE_S = 2.0
+SETTLE_RUNS = 3
+"""Runs of the new leader to wait for after a handover, so that it has settled."""
+HANDOVER_S = 10.0
+SERVER_EXIT_S = 20.0
+SIGNAL_TO_SHUTDOWN_S = 1.0
+"""A server starts the lifespan shutdown this soon after its signal (uvicorn's main loop looks
+at its exit flag every 0.1 s); until then the library cannot know that a stop is coming."""
+
+
+def after_signal(v: Verdict, pids: set[int], sent: float) -> tuple[int, float]:
+    """How many runs the signalled workers started after the signal, and the latest such
+    start (seconds after the signal; 0 when none)."""
+    late = v.after_signal(pids, sent)
+    latest = max((r.start - sent for r in late), default=0.0)
+    assert latest < SIGNAL_TO_SHUTDOWN_S, f"a run {latest:.3f} s after the signal"
+    return len(late), latest
+
+
+async def settle(cluster: Cluster, since: float) -> None:
+    """Until the job has run a few times after ``since``."""
+    await cluster.until_runs(JOB, SETTLE_RUNS, since=since, timeout_s=HANDOVER_S)
+
+
+async def stop_with_backup(
+    cluster: Cluster,
+    record: Results,
+    row: str,
+    server: Replica,
+    workers: int,
+    *,
+    job: JobConfig = TICK,
+    mid_run: bool = False,
+) -> tuple[Verdict, list[Run]]:
+    """Start ``server`` with ``workers`` workers, let one of them lead, start a one-worker
+    uvicorn beside it, SIGTERM ``server``'s master and wait for the backup to take over:
+    the rolling-deploy case. Returns the verdict and the runs of ``server`` that a kill cut
+    short."""
+    async with watch_workers(server):
+        pids = await workers_ready(cluster, server, workers)
+        leader = await cluster.one_leader(JOB)
+        backup = start_server(cluster, "backup", uvicorn(), job)
+        await workers_ready(cluster, backup, 1)
+        if mid_run:  # signal just after a run started: it has most of its time to go
+            await cluster.wait(
+                lambda: fresh_run(cluster, leader), HANDOVER_S, "a run just started", poll_s=0.002
+            )
+        sent = server.send(signal.SIGTERM)
+        code = await server.wait_exit(SERVER_EXIT_S)
+        await cluster.first_run(JOB, after=sent, newer_than=0, timeout_s=HANDOVER_S)
+        await settle(cluster, now())
+    v = verdict(cluster)
+    v.check()
+    late, latest = after_signal(v, set(pids), sent)
+    handover = v.gap_after(sent)
+    assert handover.new in set(ready_nodes(backup)), handover
+    leased = min(e.t for e in v.events if e.ev == "lead" and e.t > sent)
+    cut_short = [r for r in v.runs if r.pid in pids and r.outcome == "unfinished"]
+    record.add(
+        row,
+        row,
+        exit=code,
+        gap_ms=handover.gap_s * 1e3,
+        lease_taken_after_signal_ms=(leased - sent) * 1e3,
+        runs_after_signal=late,
+        last_run_after_signal_ms=latest * 1e3,
+        runs_cut_short=len(cut_short),
+    )
+    return v, cut_short
+
+
+def fresh_run(cluster: Cluster, node: str) -> bool:
+    """True when ``node`` started a run of the job less than 30 ms ago."""
+    run = cluster.in_flight(JOB, node)
+    return run is not None and now() - run.start < 0.03
+
+
+def ready_nodes(replica: Replica) -> list[str]:
+    """Node ids of every worker of ``replica`` that started."""
+    return [str(e.data["electors"][0]) for e in replica.events() if e.ev == "ready"]
+
+
+# --- gunicorn + uvicorn-worker --------------------------------------------------------------
+
+
+@needs(GUNICORN)
+async def test_gunicorn_sigterm_hands_over(cluster: Cluster, record: Results) -> None:
+    cluster.redis()
+    server = start_server(cluster, "g", gunicorn(2, "--graceful-timeout", "5"))
+    v, _ = await stop_with_backup(cluster, record, "gunicorn SIGTERM", server, 2)
+    output = server.output()
+    assert output.count("Application shutdown complete.") == 2, cluster.describe()
+    assert "released leadership of tick" in output, cluster.describe()
+    assert v.gap_after(0).gap_s < 1.0  # the release is pushed: no wait for the lock expiry
+
+
+@full_only
+@needs(GUNICORN)
+async def test_gunicorn_sighup_reloads_workers(cluster: Cluster, record: Results) -> None:
+    cluster.redis()
+    server = start_server(cluster, "g", gunicorn(2, "--graceful-timeout", "5"))
+    async with watch_workers(server) as watch:
+        old = await workers_ready(cluster, server, 2)
+        await cluster.one_leader(JOB)
+        sent = server.send(signal.SIGHUP)
+        new = await workers_ready(cluster, server, 2, since=sent)
+        await cluster.wait(
+            lambda: set(old) <= set(watch.exits), SERVER_EXIT_S, "the old workers exit"
+        )
+        await cluster.first_run(JOB, after=sent, newer_than=0, timeout_s=HANDOVER_S)
+        await settle(cluster, now())
+    v = verdict(cluster)
+    v.check()
+    assert server.alive
+    assert not set(old) & set(new)
+    late, latest = after_signal(v, set(old), sent)
+    handover = v.gap_after(sent)
+    assert handover.new in set(new.values()), (handover, new)
+    record.add(
+        "gunicorn SIGHUP",
+        "sighup",
+        gap_ms=handover.gap_s * 1e3,
+        runs_after_signal=late,
+        last_run_after_signal_ms=latest * 1e3,
+    )
+
+
+@full_only
+@needs(GUNICORN)
+async def test_gunicorn_max_requests_recycles_the_leader(cluster: Cluster, record: Results) -> None:
+    cluster.redis()
+    options = ("--max-requests", str(MAX_REQUESTS), "--max-requests-jitter", "0")
+    server = start_server(cluster, "g", gunicorn(2, *options))
+    async with watch_workers(server) as watch:
+        first = await workers_ready(cluster, server, 2)
+        leader = await cluster.one_leader(JOB)
+        (leader_pid,) = [pid for pid, node in first.items() if node == leader]
+        sent = now()
+        served = await requests_to(server, leader, MAX_REQUESTS + 1)
+        await cluster.wait(
+            lambda: leader_pid in watch.exits, SERVER_EXIT_S, "the leader's worker recycles"
+        )
+        await cluster.first_run(JOB, after=sent, newer_than=0, timeout_s=HANDOVER_S)
+        await settle(cluster, now())
+    v = verdict(cluster)
+    v.check()
+    handover = v.gap_after(sent)
+    assert handover.old == leader
+    others = set(first) - {leader_pid}
+    assert handover.new in {first[pid] for pid in others}, (handover, first)
+    assert not others & set(watch.exits), "a worker that served no request recycled"
+    assert handover.gap_s < 1.0  # to a live worker, through the pushed release
+    record.add("gunicorn --max-requests", "recycle", gap_ms=handover.gap_s * 1e3, served=served)
+
+
+async def requests_to(server: Replica, node: str, count: int) -> int:
+    """Send ``count`` requests to the worker of ``server`` whose node id is ``node``: open
+    connections until one lands on that worker, then keep it alive for the rest (a kept-alive
+    connection stays with the worker that accepted it). Returns how many that worker served."""
+    limits = httpx.Limits(max_connections=1)
+    for _ in range(100):
+        async with httpx.AsyncClient(timeout=5.0, limits=limits) as http:
+            answer = await http.get(server.url + "/sj/health/live")
+            if answer.json()["node_id"] != node:
+                continue
+            served = 1
+            for _ in range(count - 1):
+                try:
+                    await http.get(server.url + "/sj/health/live")
+                except httpx.TransportError:
+                    break  # the worker closed the connection on its way out
+                served += 1
+            return served
+    raise AssertionError(f"no connection reached {node} in 100 attempts")
+
+
+@needs(GUNICORN)
+async def test_gunicorn_preload_gives_each_worker_its_node_id(
+    cluster: Cluster, record: Results
+) -> None:
+    cluster.redis()
+    server = start_server(cluster, "g", gunicorn(3, "--preload"))
+    async with watch_workers(server):
+        workers = await workers_ready(cluster, server, 3)
+        await cluster.one_leader(JOB)
+    v = verdict(cluster)
+    v.check()
+    assert len(set(workers.values())) == 3, workers
+    for pid, node in workers.items():
+        assert f"-{pid}-" in node, f"worker {pid} kept the master's node id {node}"
+    record.add("gunicorn --preload", "preload", node_ids=sorted(workers.values()))
+
+
+# --- uvicorn ---------------------------------------------------------------------------------
+
+
+@full_only
+@needs(UVICORN)
+async def test_uvicorn_workers_sigterm_hands_over(cluster: Cluster, record: Results) -> None:
+    cluster.redis()
+    server = start_server(cluster, "u", uvicorn("--workers", "3"))
+    await stop_with_backup(cluster, record, "uvicorn --workers SIGTERM", server, 3)
+    assert server.output().count("Application shutdown complete.") == 3, cluster.describe()
+
+
+@full_only
+@needs(UVICORN)
+async def test_uvicorn_reload_hands_over(cluster: Cluster, record: Results, tmp_path: Path) -> None:
+    cluster.redis()
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    source = watched / "module.py"
+    source.write_text("VERSION = 1\n")
+    server = start_server(cluster, "u", uvicorn("--reload", "--reload-dir", str(watched)))
+    async with watch_workers(server) as watch:
+        (old,) = await workers_ready(cluster, server, 1)
+        await cluster.one_leader(JOB)
+        touched = now()
+        source.write_text("VERSION = 2\n")
+        (new,) = await workers_ready(cluster, server, 1, since=touched)
+        await cluster.first_run(JOB, after=touched, newer_than=0, timeout_s=HANDOVER_S)
+        await settle(cluster, now())
+    v = verdict(cluster)
+    v.check()
+    assert old in watch.exits and new != old
+    handover = v.gap_after(touched)
+    record.add(
+        "uvicorn --reload",
+        "reload",
+        gap_ms=handover.gap_s * 1e3,
+        old_exit_after_touch_ms=(watch.exits[old] - touched) * 1e3,
+    )
+
+
+# --- hypercorn -------------------------------------------------------------------------------
+
+
+@needs(UVICORN)
+async def test_uvicorn_workers_ready_again_after_a_redis_outage(
+    cluster: Cluster, record: Results
+) -> None:
+    # A long max_backoff: readiness must not wait for the election's next attempt.
+    timing = Timing(max_backoff=5.0)
+    store = cluster.redis()
+    server = start_server(cluster, "u", uvicorn("--workers", "3"), timing=timing)
+    workers = await workers_ready(cluster, server, 3)
+    nodes = set(workers.values())
+    async with httpx.AsyncClient(timeout=5.0, headers={"Connection": "close"}) as http:
+        probes = Probes(http, server.url)
+        await cluster.wait(
+            lambda: probes.seen(nodes, "ok", 200), STARTUP_RUN_S, "every worker is ready"
+        )
+        store.kill()
+        killed = now()
+        await cluster.wait(
+            lambda: probes.seen(nodes, "degraded", 503, since=killed),
+            OUTAGE_SEEN_S,
+            "every worker reports the outage (200 degraded, strict 503)",
+        )
+        degraded_ms = (now() - killed) * 1e3
+        await cluster.sleep(OUTAGE_S)  # the election backs off meanwhile
+        store.restart()
+        restarted = now()
+        await cluster.wait(
+            lambda: probes.seen(nodes, "ok", 200, since=restarted),
+            timing.heartbeat + 1.0,
+            "every worker is ready again within a heartbeat and a second",
+        )
+    ready_ms = {node: (probes.first[node] - restarted) * 1e3 for node in nodes}
+    record.add(
+        "uvicorn --workers readiness after Redis returns",
+        "ready again",
+        degraded_seen_ms=degraded_ms,
+        ready_again_ms=sorted(round(ms) for ms in ready_ms.values()),
+    )
+
+
+@dataclass
+class Probes:
+    """Polls a server's readiness probes over new connections, so that its workers share the
+    requests, and remembers which worker (node id) answered what."""
+
+    http: httpx.AsyncClient
+    url: str
+    first: dict[str, float] = field(default_factory=dict)
+
+    async def seen(
+        self, nodes: set[str], status: str, strict_code: int, since: float = 0.0
+    ) -> bool:
+        """Sample both probes a few times; true once every node of ``nodes`` answered
+        ``/sj/health`` with ``status`` (always 200) and ``/sj/health/jobs`` with
+        ``strict_code``, each since ``since``."""
+        self.first = {k: v for k, v in self.first.items() if v >= since} if since else self.first
+        answers = await asyncio.gather(*(self._both() for _ in range(6)))
+        for answer in answers:
+            if answer is None:
+                continue
+            at, node, health, strict = answer
+            if at >= since and health == status and strict == strict_code:
+                assert node in nodes, f"an answer from an unknown worker {node}"
+                self.first.setdefault(node, at)
+        return set(self.first) >= nodes
+
+    async def _both(self) -> tuple[float, str, str, int] | None:
+        try:
+            health = await self.http.get(self.url + "/sj/health")
+            strict = await self.http.get(self.url + "/sj/health/jobs")
+        except httpx.TransportError:
+            return None
+        assert health.status_code == 200, health.text  # never out of rotation
+        # Two connections may reach two workers: pair the answers of one worker only.
+        if health.json()["node_id"] != strict.json()["node_id"]:
+            return None
+        return now(), health.json()["node_id"], health.json()["status"], strict.status_code
+
+
+@needs(HYPERCORN)
+async def test_hypercorn_workers_sigterm(cluster: Cluster, record: Results) -> None:
+    cluster.redis()
+    server = start_server(cluster, "h", hypercorn(2, "--graceful-timeout", "5"))
+    _, cut_short = await stop_with_backup(cluster, record, "hypercorn -w 2 SIGTERM", server, 2)
+    assert not cut_short, cut_short
+
+
+@full_only
+@needs(HYPERCORN)
+async def test_hypercorn_workers_sigterm_mid_run(cluster: Cluster, record: Results) -> None:
+    # hypercorn's master SIGTERMs the remaining workers as soon as one has exited; the workers
+    # of `-w N` keep Python's default SIGTERM action (their stop comes through an event), so a
+    # leader still waiting for its run in flight dies there: no lifespan shutdown, no release.
+    # One runner still holds; the lease waits for its expiry.
+    cluster.redis()
+    server = start_server(cluster, "h", hypercorn(2, "--graceful-timeout", "5"), SLOW)
+    await stop_with_backup(
+        cluster, record, "hypercorn -w 2 SIGTERM mid-run", server, 2, job=SLOW, mid_run=True
+    )
+
+
+@full_only
+@needs(HYPERCORN)
+async def test_hypercorn_one_worker_sigterm_mid_run(cluster: Cluster, record: Results) -> None:
+    # With one worker there is no other worker to exit first: the run ends, the lease is
+    # released and handed over at once.
+    cluster.redis()
+    server = start_server(cluster, "h", hypercorn(1, "--graceful-timeout", "5"), SLOW)
+    _, cut_short = await stop_with_backup(
+        cluster, record, "hypercorn -w 1 SIGTERM mid-run", server, 1, job=SLOW, mid_run=True
+    )
+    assert not cut_short, cut_short
+    assert "released leadership of tick" in server.output(), cluster.describe()
