@@ -8,6 +8,7 @@ leader's first run start. docs/lifespan.md quotes these numbers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,74 +286,85 @@ async def test_uvicorn_workers_ready_again_after_a_redis_outage(
     store = cluster.redis()
     server = start_server(cluster, "u", uvicorn("--workers", "3"), timing=timing)
     workers = await workers_ready(cluster, server, 3)
-    nodes = set(workers.values())
-    async with httpx.AsyncClient(timeout=5.0, headers={"Connection": "close"}) as http:
-        probes = Probes(http, server.url)
+    async with contextlib.AsyncExitStack() as stack:
+        probes = Probes(await pinned(stack, server.url, set(workers.values())))
         await cluster.wait(
-            lambda: probes.seen(nodes, "ok", 200), STARTUP_RUN_S, "every worker is ready"
+            lambda: probes.all("ok", 200), STARTUP_RUN_S, "every worker is ready", poll_s=0.02
         )
         store.kill()
         killed = now()
         await cluster.wait(
-            lambda: probes.seen(nodes, "degraded", 503, since=killed),
+            lambda: probes.all("degraded", 503, since=killed),
             OUTAGE_SEEN_S,
             "every worker reports the outage (200 degraded, strict 503)",
+            poll_s=0.02,
         )
         degraded_ms = (now() - killed) * 1e3
-        await cluster.sleep(OUTAGE_S)  # the election backs off meanwhile
+        # The election backs off meanwhile; /health stays 200 on every worker throughout.
+        while now() < killed + OUTAGE_S:
+            await probes.all("degraded", 503)
+            await cluster.sleep(0.05)
         store.restart()
         restarted = now()
         await cluster.wait(
-            lambda: probes.seen(nodes, "ok", 200, since=restarted),
+            lambda: probes.all("ok", 200, since=restarted),
             timing.heartbeat + 1.0,
-            "every worker is ready again within a heartbeat and a second",
+            f"every worker is ready again within a heartbeat and a second: {probes.first}",
+            poll_s=0.02,
         )
-    ready_ms = {node: (probes.first[node] - restarted) * 1e3 for node in nodes}
+    ready_ms = sorted(round((at - restarted) * 1e3) for at in probes.first.values())
     record.add(
         "uvicorn --workers readiness after Redis returns",
         "ready again",
         degraded_seen_ms=degraded_ms,
-        ready_again_ms=sorted(round(ms) for ms in ready_ms.values()),
+        ready_again_ms=ready_ms,
     )
+
+
+async def pinned(
+    stack: contextlib.AsyncExitStack, url: str, nodes: set[str]
+) -> dict[str, httpx.AsyncClient]:
+    """One kept-alive connection to each worker (node id) of the server at ``url``: open
+    connections until every worker has accepted one (a connection stays with its worker)."""
+    clients: dict[str, httpx.AsyncClient] = {}
+    for _ in range(200):
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=url, timeout=5.0, limits=httpx.Limits(max_connections=1))
+        )
+        node = (await client.get("/sj/health/live")).json()["node_id"]
+        clients.setdefault(node, client)  # a second connection to a worker stays unused
+        if set(clients) >= nodes:
+            return clients
+    raise AssertionError(f"no connection reached every worker: {sorted(clients)} of {nodes}")
 
 
 @dataclass
 class Probes:
-    """Polls a server's readiness probes over new connections, so that its workers share the
-    requests, and remembers which worker (node id) answered what."""
+    """Polls the readiness probes of each worker of a server over its own connection, and
+    remembers when each first answered as expected."""
 
-    http: httpx.AsyncClient
-    url: str
+    clients: dict[str, httpx.AsyncClient]
     first: dict[str, float] = field(default_factory=dict)
 
-    async def seen(
-        self, nodes: set[str], status: str, strict_code: int, since: float = 0.0
-    ) -> bool:
-        """Sample both probes a few times; true once every node of ``nodes`` answered
-        ``/sj/health`` with ``status`` (always 200) and ``/sj/health/jobs`` with
-        ``strict_code``, each since ``since``."""
-        self.first = {k: v for k, v in self.first.items() if v >= since} if since else self.first
-        answers = await asyncio.gather(*(self._both() for _ in range(6)))
-        for answer in answers:
-            if answer is None:
-                continue
-            at, node, health, strict = answer
-            if at >= since and health == status and strict == strict_code:
-                assert node in nodes, f"an answer from an unknown worker {node}"
+    async def all(self, status: str, strict_code: int, since: float = 0.0) -> bool:
+        """True once every worker has answered ``/sj/health`` with ``status`` (never anything
+        but 200) and ``/sj/health/jobs`` with ``strict_code``, each since ``since``."""
+        self.first = {node: at for node, at in self.first.items() if at >= since}
+        answers = await asyncio.gather(*(self._both(n) for n in self.clients))
+        for node, (at, health, strict) in zip(self.clients, answers, strict=True):
+            if health == status and strict == strict_code:
                 self.first.setdefault(node, at)
-        return set(self.first) >= nodes
+        return set(self.first) >= set(self.clients)
 
-    async def _both(self) -> tuple[float, str, str, int] | None:
-        try:
-            health = await self.http.get(self.url + "/sj/health")
-            strict = await self.http.get(self.url + "/sj/health/jobs")
-        except httpx.TransportError:
-            return None
-        assert health.status_code == 200, health.text  # never out of rotation
-        # Two connections may reach two workers: pair the answers of one worker only.
-        if health.json()["node_id"] != strict.json()["node_id"]:
-            return None
-        return now(), health.json()["node_id"], health.json()["status"], strict.status_code
+    async def _both(self, node: str) -> tuple[float, str, int]:
+        client = self.clients[node]
+        health = await client.get("/sj/health")
+        strict = await client.get("/sj/health/jobs")
+        at = now()
+        assert health.status_code == 200, f"{node} left rotation: {health.text}"
+        seen = {health.json()["node_id"], strict.json()["node_id"]}
+        assert seen == {node}, f"the connection to {node} moved to {seen}"
+        return at, health.json()["status"], strict.status_code
 
 
 @needs(HYPERCORN)
