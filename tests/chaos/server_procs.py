@@ -217,21 +217,26 @@ def verdict(cluster: Cluster, job: str = TICK.name) -> Verdict:
     for event in events:
         if event.ev == "ready":
             nodes_by_pid.setdefault(event.pid, set()).update(map(str, event.data["electors"]))
+    # The library starts a run (ctx.started_at) before the job's body journals "start": a
+    # run started just before the shutdown began may begin its body just after. Compare the
+    # library's own start with the shutdown, on the worker's wall clock.
     stopping: dict[int, float] = {}
     for event in events:
         if event.ev == "stopping":
-            stopping.setdefault(event.pid, event.t)
+            stopping.setdefault(event.pid, float(event.data["wall"]))
+    started = {
+        e.run: float(e.data["started_at"]) for e in events if e.ev == "start" and e.run is not None
+    }
     late = [
-        f"run of {r.node} (pid {r.pid}, token {r.token}) started {r.start - stopping[r.pid]:.3f}"
-        " s after its shutdown began"
+        f"run of {r.node} (pid {r.pid}, token {r.token}) started "
+        f"{started[r.run] - stopping[r.pid]:.3f} s after its shutdown began"
         for r in runs
-        if r.pid in stopping and r.start > stopping[r.pid]
+        if r.pid in stopping and started[r.run] > stopping[r.pid]
     ]
     late += [
-        f"{e.node} (pid {e.pid}) took the lease (token {e.token}) "
-        f"{e.t - stopping[e.pid]:.3f} s after its shutdown began"
+        f"{e.node} (pid {e.pid}) took the lease (token {e.token}) after its shutdown began"
         for e in events
-        if e.ev == "lead" and e.pid in stopping and e.t > stopping[e.pid]
+        if e.ev == "lead" and e.pid in stopping and float(e.data["wall"]) > stopping[e.pid]
     ]
     return Verdict(
         runs=runs,
