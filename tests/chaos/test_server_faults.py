@@ -94,21 +94,35 @@ async def stop_with_backup(
     v = verdict(cluster)
     v.check()
     late, latest = after_signal(v, set(pids), sent)
-    handover = v.gap_after(sent)
-    assert handover.new in set(ready_nodes(backup)), handover
-    leased = min(e.t for e in v.events if e.ev == "lead" and e.t > sent)
+    # A sibling worker that has not yet noticed the stop may lead for a while in between
+    # (hypercorn's workers each look at the shutdown event every 0.1 s): measure to the backup.
+    backups = set(ready_nodes(backup))
+    handover = next(h for h in v.handovers if h.end > sent - 0.2 and h.new in backups)
+    last_of_server = max(r.ended_by(handover.end) for r in v.runs if r.pid in pids)
+    gap_s = min(r.start for r in v.runs if r.node in backups) - last_of_server
+    within = [h for h in v.handovers if sent - 0.2 < h.end < handover.end]
+    leased = min(e.t for e in v.events if e.ev == "lead" and e.t > sent and e.node in backups)
     cut_short = [r for r in v.runs if r.pid in pids and r.outcome == "unfinished"]
     record.add(
         row,
         row,
         exit=code,
-        gap_ms=handover.gap_s * 1e3,
+        gap_ms=gap_s * 1e3,
+        handovers_within_server=len(within),
         lease_taken_after_signal_ms=(leased - sent) * 1e3,
         runs_after_signal=late,
         last_run_after_signal_ms=latest * 1e3,
         runs_cut_short=len(cut_short),
     )
     return v, cut_short
+
+
+def assert_stopped_cleanly(server: Replica, v: Verdict) -> None:
+    """Every worker of ``server`` completed its lifespan shutdown, and one released the lock."""
+    workers = {e.pid for e in v.events if e.ev == "ready" and e.data["node"] == server.name}
+    stopped = {e.pid for e in v.events if e.ev == "stopped" and e.data["node"] == server.name}
+    assert workers <= stopped, f"workers {sorted(workers - stopped)} did not complete shutdown"
+    assert any(e.ev == "released" and e.pid in workers for e in v.events), "no release"
 
 
 def fresh_run(cluster: Cluster, node: str) -> bool:
@@ -130,10 +144,8 @@ async def test_gunicorn_sigterm_hands_over(cluster: Cluster, record: Results) ->
     cluster.redis()
     server = start_server(cluster, "g", gunicorn(2, "--graceful-timeout", "5"))
     v, _ = await stop_with_backup(cluster, record, "gunicorn SIGTERM", server, 2)
-    output = server.output()
-    assert output.count("Application shutdown complete.") == 2, cluster.describe()
-    assert "released leadership of tick" in output, cluster.describe()
-    assert v.gap_after(0).gap_s < 1.0  # the release is pushed: no wait for the lock expiry
+    assert_stopped_cleanly(server, v)
+    assert v.handovers[-1].gap_s < 1.0  # the release is pushed: no wait for the lock expiry
 
 
 @full_only
@@ -241,8 +253,8 @@ async def test_gunicorn_preload_gives_each_worker_its_node_id(
 async def test_uvicorn_workers_sigterm_hands_over(cluster: Cluster, record: Results) -> None:
     cluster.redis()
     server = start_server(cluster, "u", uvicorn("--workers", "3"))
-    await stop_with_backup(cluster, record, "uvicorn --workers SIGTERM", server, 3)
-    assert server.output().count("Application shutdown complete.") == 3, cluster.describe()
+    v, _ = await stop_with_backup(cluster, record, "uvicorn --workers SIGTERM", server, 3)
+    assert_stopped_cleanly(server, v)
 
 
 @full_only
