@@ -27,6 +27,7 @@ from .server_procs import (
     gunicorn,
     hypercorn,
     needs,
+    ready_pids,
     start_server,
     uvicorn,
     verdict,
@@ -205,6 +206,46 @@ async def test_gunicorn_max_requests_recycles_the_leader(cluster: Cluster, recor
     assert not others & set(watch.exits), "a worker that served no request recycled"
     assert handover.gap_s < 1.0  # to a live worker, through the pushed release
     record.add("gunicorn --max-requests", "recycle", gap_ms=handover.gap_s * 1e3, served=served)
+
+
+@full_only
+@needs(GUNICORN)
+async def test_gunicorn_max_requests_recycles_workers_together(
+    cluster: Cluster, record: Results
+) -> None:
+    # Requests over new connections spread over both workers: with no jitter they reach the
+    # limit close together, and the job waits for a new worker's startup.
+    cluster.redis()
+    options = ("--max-requests", str(MAX_REQUESTS), "--max-requests-jitter", "0")
+    server = start_server(cluster, "g", gunicorn(2, *options))
+    async with watch_workers(server) as watch:
+        first = await workers_ready(cluster, server, 2)
+        await cluster.one_leader(JOB)
+        sent = now()
+        async with httpx.AsyncClient(timeout=5.0, headers={"Connection": "close"}) as http:
+            for _ in range(10 * MAX_REQUESTS):
+                if set(first) <= set(watch.exits):
+                    break
+                with contextlib.suppress(httpx.TransportError):
+                    await http.get(server.url + "/sj/health/live")
+        await cluster.wait(
+            lambda: set(first) <= set(watch.exits), SERVER_EXIT_S, "both workers recycle"
+        )
+        await cluster.first_run(
+            JOB, after=max(watch.exits.values()), newer_than=0, timeout_s=HANDOVER_S
+        )
+        await settle(cluster, now())
+    v = verdict(cluster)
+    v.check()
+    exits = sorted(watch.exits[pid] for pid in first)
+    new_nodes = set(ready_pids(server, sent).values())
+    handover = next(h for h in v.handovers if h.end > sent - 0.2 and h.new in new_nodes)
+    record.add(
+        "gunicorn --max-requests, workers together",
+        "recycle together",
+        recycled_apart_ms=(exits[-1] - exits[0]) * 1e3,
+        gap_ms=handover.gap_s * 1e3,
+    )
 
 
 async def requests_to(server: Replica, node: str, count: int) -> int:
