@@ -186,6 +186,23 @@ class Verdict:
         assert found, f"no handover after {instant:.3f}: {self.handovers}"
         return found[0]
 
+    def handover_to(self, nodes: set[str], since: float) -> tuple[float, int]:
+        """The gap from the last run of any other node to the first run of ``nodes`` after
+        ``since``, and how many handovers among the other nodes came in between (a worker
+        that has not yet noticed a stop may lead for a moment after a stopping sibling)."""
+        first = min(
+            (r for r in self.runs if r.node in nodes and r.start > since), key=lambda r: r.start
+        )
+        last_end = max(
+            r.ended_by(first.start)
+            for r in self.runs
+            if r.node not in nodes and r.start < first.start
+        )
+        within = sum(
+            since - 0.2 < h.end < first.start and h.new not in nodes for h in self.handovers
+        )
+        return first.start - last_end, within
+
     def check(self) -> None:
         """One runner at a time, tokens never down, one node id per process, nothing started
         or acquired once stopping."""
