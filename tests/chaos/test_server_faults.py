@@ -38,6 +38,8 @@ from .server_procs import (
 JOB = "tick"
 SLOW = JobConfig(JOB, every=1.0, run_s=0.8)
 """A job that is mostly running: a stop usually finds a run in flight."""
+LONG = JobConfig(JOB, every=3.0, run_s=2.5)
+"""Runs longer than the server lets a worker drain."""
 MAX_REQUESTS = 20
 STARTUP_RUN_S = 20.0
 OUTAGE_SEEN_S = 5.0
@@ -243,6 +245,40 @@ async def test_gunicorn_max_requests_recycles_workers_together(
         "recycle together",
         recycled_apart_ms=(exits[-1] - exits[0]) * 1e3,
         gap_ms=gap_s * 1e3,
+    )
+
+
+@full_only
+@needs(GUNICORN)
+async def test_gunicorn_graceful_timeout_below_the_drain(cluster: Cluster, record: Results) -> None:
+    # Misconfigured on purpose: gunicorn SIGKILLs a worker --graceful-timeout (1 s) after the
+    # SIGTERM, while the library would let a 2.5 s run finish (shutdown_timeout 3 s). The run
+    # is cut short, nothing is released, and the other replica waits for the lock's expiry.
+    cluster.redis()
+    timing = Timing(shutdown_timeout=3.0)
+    server = start_server(cluster, "g", gunicorn(1, "--graceful-timeout", "1"), LONG, timing)
+    async with watch_workers(server):
+        pids = await workers_ready(cluster, server, 1)
+        leader = await cluster.wait_leader(JOB)
+        backup = start_server(cluster, "backup", uvicorn(), LONG, timing)
+        backups = set((await workers_ready(cluster, backup, 1)).values())
+        await cluster.wait(
+            lambda: fresh_run(cluster, leader), HANDOVER_S, "a run just started", poll_s=0.002
+        )
+        sent = server.send(signal.SIGTERM)
+        await server.wait_exit(SERVER_EXIT_S)
+        await cluster.first_run(JOB, after=sent, newer_than=0, timeout_s=HANDOVER_S)
+    v = verdict(cluster)
+    v.check()
+    cut_short = [r for r in v.runs if r.pid in pids and r.outcome == "unfinished"]
+    assert len(cut_short) == 1, v.runs
+    assert not any(e.ev == "released" and e.pid in pids for e in v.events)
+    leased = min(e.t for e in v.events if e.ev == "lead" and e.node in backups)
+    record.add(
+        "gunicorn --graceful-timeout below the drain",
+        "graceful timeout",
+        lease_taken_after_signal_ms=(leased - sent) * 1e3,
+        killed_after_signal_ms=(cut_short[0].ended_by(leased) - sent) * 1e3,
     )
 
 
