@@ -115,6 +115,7 @@ async def stop_with_backup(
         runs_after_signal=late,
         last_run_after_signal_ms=latest * 1e3,
         runs_cut_short=len(cut_short),
+        released=any(e.ev == "released" and e.pid in pids for e in v.events),
     )
     return v, cut_short
 
