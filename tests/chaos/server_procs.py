@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .checker import Event, Run, max_concurrent, overlap_s
+from .checker import Event, Run, max_concurrent, overlap_s, stale_writes
 from .harness import Cluster, Replica, Timing, now
 from .replica import JobConfig
 
@@ -204,9 +204,12 @@ class Verdict:
         return first.start - last_end, within
 
     def check(self) -> None:
-        """One runner at a time, tokens never down, one node id per process, nothing started
-        or acquired once stopping."""
+        """One runner at a time (and no write to the witness's fenced register by a stale
+        term), tokens never down, one node id per process, nothing started or acquired once
+        stopping."""
         assert self.peak <= 1, f"{self.peak} runs at once, overlapping {self.overlap_s:.3f} s"
+        late, rejected = stale_writes(self.runs)
+        assert (late, rejected) == (0, 0), f"{late} stale writes, {rejected} rejected by the fence"
         assert self.tokens_ordered, [(r.node, r.token) for r in self.runs]
         shared = {pid: nodes for pid, nodes in self.nodes_by_pid.items() if len(nodes) > 1}
         assert not shared, f"a process ran under several node ids: {shared}"
