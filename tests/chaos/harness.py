@@ -218,6 +218,9 @@ class Replica:
     workdir: Path
     http: bool = False
     clock_offset: float | None = None
+    server: tuple[str, ...] = ()
+    """A server's command line after ``python -m`` (``{host}`` and ``{port}`` filled in), e.g.
+    ``("gunicorn", "-w", "2", ...)``, serving ``chaos.server_app:app``; else uvicorn or bare."""
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     killed_at: float | None = None
@@ -285,7 +288,15 @@ class Replica:
             assert problem is None, problem
             self.set_clock(self.clock_offset)
             env.update(faketime_env(library, self.clock_file))
-        if self.http:
+        if self.server:
+            self.port = free_port()
+            env[CONFIG_ENV] = str(config_path)
+            args = [
+                sys.executable,
+                "-m",
+                *(a.format(host=HOST, port=self.port) for a in self.server),
+            ]
+        elif self.http:
             self.port = free_port()
             env[CONFIG_ENV] = str(config_path)
             args = [
@@ -485,6 +496,7 @@ class Cluster:
         username: str | None = None,
         extra: dict[str, Any] | None = None,
         watch_loop: bool = False,
+        server: Sequence[str] = (),
         start: bool = True,
     ) -> Replica:
         """Configure (and by default start) a replica; ``url`` defaults to the store.
@@ -511,7 +523,14 @@ class Cluster:
             extra=extra or {},
             watch_loop=watch_loop,
         )
-        replica = Replica(name, config, self.workdir, http=http, clock_offset=clock_offset)
+        replica = Replica(
+            name,
+            config,
+            self.workdir,
+            http=http or bool(server),
+            clock_offset=clock_offset,
+            server=tuple(server),
+        )
         assert name not in self.replicas, f"replica {name} exists"
         self.replicas[name] = replica
         if start:

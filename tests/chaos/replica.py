@@ -225,7 +225,11 @@ class JournalHandler(logging.Handler):
         args = record.args if isinstance(record.args, tuple) else ()
         for prefix, ev in self._EVENTS:
             if message.startswith(prefix) and args:
-                fields: dict[str, object] = {"node": args[0], "text": record.getMessage()}
+                fields: dict[str, object] = {
+                    "node": args[0],
+                    "text": record.getMessage(),
+                    "wall": record.created,
+                }
                 if ev in ("lead", "lost"):
                     fields.update(job=args[1], token=_int_or_none(args[2]))
                 elif ev == "released":
@@ -295,6 +299,10 @@ class Node:
             "shutdown_timeout": config.shutdown_timeout,
             "placement": config.placement,
         }
+        if config.extra.get("generated_node_id"):
+            # Several workers of one server share this config: let the library draw an id per
+            # process (after a fork too, as with gunicorn --preload).
+            del settings["node_id"]
         if self.client is not None:
             jobs = SingletonJobs(redis=self.client, **settings)
         else:
@@ -366,7 +374,13 @@ class Node:
         number = next(self._runs)
         base = self._base(ctx, number)
         given = self._checkpoint(ctx) if job.behavior == "cursor" else {}
-        self.journal.write("start", scheduled=ctx.scheduled_at.timestamp(), **given, **base)
+        self.journal.write(
+            "start",
+            scheduled=ctx.scheduled_at.timestamp(),
+            started_at=ctx.started_at.timestamp(),
+            **given,
+            **base,
+        )
         outcome = "error"
         try:
             await self._behave(ctx, job, base, number)
@@ -485,7 +499,7 @@ class Node:
                 engines = [(jobs.node_id, jobs.engine) for jobs in self.electors]
                 self.journal.write("ready", electors=[jobs.node_id for jobs in self.electors])
                 yield
-                self.journal.write("stopping")
+                self.journal.write("stopping", wall=time.time())
             for node, engine in engines:
                 if engine is not None:
                     self._stats(node, engine.runners)
