@@ -20,10 +20,17 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ReadOnlyError, RedisError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterCrossSlotError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 
 from . import _keys, _scripts
 from ._checkpoint_store import RedisCheckpoints
@@ -33,6 +40,7 @@ from ._store import (
     DEFAULT_MAX_AHEAD_US,
     LeaseReply,
     LeaseRequest,
+    StoreMismatch,
     StoreReadOnly,
     is_lock_value,
 )
@@ -171,6 +179,9 @@ class RedisLeaseStore(RedisCheckpoints):
         self._checked_server = False
         self._channel = _keys.release_channel(project)
 
+    _CLUSTER_REPLIES: tuple[type[Exception], ...] = (AskError, ClusterCrossSlotError)
+    """Replies only a Redis Cluster node gives: this server is one (see ``_redis_cluster``)."""
+
     @property
     def max_connections(self) -> int:
         """Size of the claims' pool."""
@@ -209,6 +220,8 @@ class RedisLeaseStore(RedisCheckpoints):
             raw: list[Any] = await self._elect(keys=keys, args=args)
         except ReadOnlyError as exc:  # a renewal's PEXPIRE, refused by a replica
             raise await self._read_only("a read-only replica") from exc
+        except self._CLUSTER_REPLIES as exc:
+            raise self._cluster_node(type(exc).__name__) from None
         replies = []
         for i, request in enumerate(requests):
             status, value, ttl_ms = raw[3 * i : 3 * i + 3]
@@ -275,13 +288,13 @@ class RedisLeaseStore(RedisCheckpoints):
         if not keepalive_s > 0:
             raise ValueError(f"keepalive_s={keepalive_s!r} must be a positive number of seconds")
         loop = asyncio.get_running_loop()
-        client = Redis(connection_pool=self._pool(ConnectionPool, 1))
+        client = await self._subscriber()
         pubsub = client.pubsub()
         try:
             # Connecting (with its handshake) and sending are bounded too: on a dead peer
             # either can wait for good, as no socket timeout is set.
             await self._within(
-                "subscribe", pubsub.subscribe(self._channel), self._connect_timeout_s + keepalive_s
+                "subscribe", self._subscribe(pubsub), self._connect_timeout_s + keepalive_s
             )
             awaiting_since: float | None = loop.time()  # a reply is due since then
             heard_at = loop.time()
@@ -304,11 +317,31 @@ class RedisLeaseStore(RedisCheckpoints):
                 if message is None:
                     continue
                 heard_at, awaiting_since = loop.time(), None
-                if message.get("type") == "message":
+                kind = message.get("type")
+                if kind in ("message", "smessage"):
                     on_release()
+                elif kind == "sunsubscribe":  # a cluster moved the slot away from this node
+                    raise ConnectionError(
+                        f"the release subscription to {self._shown} was ended by the server: "
+                        "the project's hash slot moved to another node"
+                    )
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
             await client.aclose(close_connection_pool=True)
+
+    async def _subscriber(self) -> Redis:
+        """A client of one connection, for a release subscription."""
+        return Redis(connection_pool=self._pool(ConnectionPool, 1))
+
+    def _subscribe(self, pubsub: PubSub) -> Awaitable[object]:
+        return pubsub.subscribe(self._channel)
+
+    def _cluster_node(self, reply: str) -> StoreMismatch:
+        return StoreMismatch(
+            f"the Redis server at {self._shown} is a Redis Cluster node (it answered "
+            f"{reply}): use redis+cluster://host:port,host:port/ or pass redis= a "
+            "redis.asyncio.RedisCluster"
+        )
 
     async def _within(self, what: str, call: Awaitable[object], timeout_s: float) -> None:
         """Await a call of the release subscription; ``ConnectionError`` past ``timeout_s``."""
@@ -353,7 +386,13 @@ class RedisLeaseStore(RedisCheckpoints):
             return
         if str(info.get("role", "master")) in ("slave", "replica"):
             raise await self._read_only("a replica")
+        if int(info.get("cluster_enabled", 0) or 0):
+            raise self._cluster_node("cluster_enabled:1 in INFO")
         self._checked_server = True
+        self._warn_eviction(info)
+
+    def _warn_eviction(self, info: Mapping[str, Any]) -> None:
+        """Warn about an eviction policy that may evict locks."""
         policy = str(info.get("maxmemory_policy", "noeviction"))
         if int(info.get("maxmemory", 0) or 0) > 0 and policy != "noeviction":
             logger.warning(

@@ -11,7 +11,7 @@ replication, the default from Redis 5.0 on.
 
 from __future__ import annotations
 
-__all__ = ["CLAIM", "ELECT", "RECORD_RUN", "RELEASE", "SAVE_STATE"]
+__all__ = ["CLAIM", "ELECT", "RECORD_RUN", "RELEASE", "RELEASE_SHARDED", "SAVE_STATE"]
 
 # Acquire or renew the leases of several jobs for one node, in one round trip.
 #
@@ -121,6 +121,11 @@ if released > 0 then
 end
 return released
 """
+
+RELEASE_SHARDED = RELEASE.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+"""``RELEASE`` for Redis Cluster: the notice goes out by sharded pub/sub (Redis 7.0+), on the
+shard of the project's slot, where the listener subscribes (``_redis_cluster``)."""
+assert RELEASE_SHARDED != RELEASE
 
 # Claim one instant of a job before running it, so that no instant runs twice across leaders.
 #
