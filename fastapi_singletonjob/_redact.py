@@ -133,19 +133,19 @@ def check_redis_url(url: object) -> None:
     assert isinstance(url, str)
     if scheme == "memory":
         return
-    urls = [url]
-    if scheme in CLUSTER_SCHEMES:
-        problem = cluster_url_problem(url)
-        if problem is not None:
-            raise ConfigurationError(f"redis_url={shown!r} {problem}", field="redis_url")
-        urls = seed_urls(url)
-    problem = next(filter(None, map(_misread_by_redis_py, urls)), None)
+    cluster = scheme in CLUSTER_SCHEMES
+    problem = next(
+        filter(None, map(_misread_by_redis_py, seed_urls(url) if cluster else [url])), None
+    )
     if problem is not None:
         raise ConfigurationError(
             f"redis_url={shown!r} {problem}; percent-encode the user name and password, "
             "e.g. urllib.parse.quote(password, safe='') turns 'p/ss#1' into 'p%2Fss%231'",
             field="redis_url",
         )
+    problem = cluster_url_problem(url) if cluster else None
+    if problem is not None:
+        raise ConfigurationError(f"redis_url={shown!r} {problem}", field="redis_url")
 
 
 def _misread_by_redis_py(url: str) -> str | None:

@@ -193,12 +193,16 @@ class ClusterLeaseStore(RedisLeaseStore):
         if self._listen_at is not None:
             host, port = self._listen_at
         else:
-            node = self._cluster_client.get_node_from_key(self._channel)
+            # Reads the slot map if the client has none yet, or marked it stale after a
+            # connection error (a dead master); else does nothing.
+            client = await self._cluster_client.initialize()
+            node = client.get_node_from_key(self._channel)
             if node is None:
                 raise ConnectionError(f"no node of {self._shown} serves the project's slot yet")
             host, port = node.host, int(node.port)
         options = {**self._options, **_forced(), **_no_maint_notifications()}
-        options = {k: v for k, v in options.items() if k in _NODE_OPTIONS}
+        # retry_on_timeout=False is the default, and redis-py warns when it is passed
+        options = {k: v for k, v in options.items() if k in _NODE_OPTIONS - {"retry_on_timeout"}}
         return Redis(host=host, port=port, single_connection_client=True, **options)
 
     def _subscribe(self, pubsub: PubSub) -> Awaitable[object]:
