@@ -228,11 +228,12 @@ class ClusterLeaseStore(RedisLeaseStore):
         return StoreReadOnly(f"the Redis server at {self._shown} is {what}: {self._fix}")
 
     async def _check_server(self) -> None:
-        """Once: warn about an eviction policy that may evict locks, on the slot's master."""
+        """Once, on the slot's master: refuse a Redis older than 7.0 (no sharded pub/sub, so
+        every release would fail), and warn about an eviction policy that may evict locks."""
         client = self._cluster_client
         try:
             node = client.get_node_from_key(self._channel)
-            info = await client.info("memory", target_nodes=node)
+            info = await client.info(target_nodes=node)
         except (ResponseError, RedisClusterException) as exc:  # an ACL, say: advisory only
             self._checked_server = True
             logger.debug("could not read INFO of %s: %r", self._shown, exc)
@@ -240,6 +241,12 @@ class ClusterLeaseStore(RedisLeaseStore):
         except RedisError as exc:
             logger.debug("could not read INFO of %s: %r", self._shown, exc)
             return
+        version = str(info.get("redis_version", ""))
+        if version.partition(".")[0].isdigit() and int(version.partition(".")[0]) < 7:
+            raise StoreMismatch(
+                f"the Redis Cluster at {self._shown} runs Redis {version}: the library needs "
+                "Redis 7.0 or newer on a cluster (sharded pub/sub, SPUBLISH)"
+            )
         self._checked_server = True
         self._warn_eviction(info)
 

@@ -176,10 +176,14 @@ class TestCluster:
                 raise RuntimeError(f"slot {slot} was not taken over within {timeout_s} s")
             time.sleep(_POLL_S)
 
-    def migrate_slot(self, slot: int, source: RedisServer, target: RedisServer) -> None:
+    def migrate_slot(
+        self, slot: int, source: RedisServer, target: RedisServer, *, hold_s: float = 0.0
+    ) -> None:
         """Move ``slot`` with its keys from ``source`` to ``target``, the way
         ``redis-cli --cluster reshard`` does: IMPORTING/MIGRATING, MIGRATE of every key, then
-        SETSLOT NODE on both sides and on every other master."""
+        SETSLOT NODE on both sides and on every other master. ``hold_s`` keeps the slot
+        half-migrated that long (keys moved, slot still MIGRATING/IMPORTING), as a reshard of
+        many keys, or one that stalls, does."""
         source_id, target_id = self.node_id(source), self.node_id(target)
         with target.client() as dst, source.client() as src:
             dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
@@ -189,6 +193,8 @@ class TestCluster:
                 if not keys:
                     break
                 src.execute_command("MIGRATE", HOST, target.port, "", 0, 5000, "KEYS", *keys)
+            if hold_s:
+                time.sleep(hold_s)  # the fault's duration, not a wait for a condition
             dst.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
             src.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
         for node in self.masters():

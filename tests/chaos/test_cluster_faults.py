@@ -1,4 +1,4 @@
-"""Rows 54-55 of docs/reliability.md: Redis Cluster faults (issue 14).
+"""Rows 54, 55 and 55b of docs/reliability.md: Redis Cluster faults (issue 14).
 
 Two nodes (``SingletonJobs`` in this process, on a ``redis+cluster://`` URL) elect one runner
 of an interval job on a real cluster of three masters with a replica each, started by the test;
@@ -210,3 +210,35 @@ async def test_row55_slot_migration_to_another_master(
     assert gap_s < H + 0.3
     assert all(store.reachable for store in statuses), statuses
     assert handover_s < 0.3
+
+
+async def test_row55b_slot_held_half_migrated_for_2t(
+    redis_cluster: TestCluster, unique_project: str, record: Results
+) -> None:
+    runs: list[Run] = []
+    slot = key_slot(lock_key(unique_project, "tick").encode())
+    a, b = (make_node(redis_cluster.url, unique_project, n, runs) for n in ("a", "b"))
+    async with a, b:
+        await wait_until(lambda: len(runs) >= 20, 5.0, "steady runs")
+        source = redis_cluster.slot_owner(slot)
+        target = next(m for m in redis_cluster.masters() if m is not source)
+        began = time.monotonic()
+        await asyncio.to_thread(redis_cluster.migrate_slot, slot, source, target, hold_s=2 * T)
+        migrated_at = time.monotonic()
+        count = len(runs)
+        await wait_until(lambda: len(runs) > count + 10, 3.0, "runs after the migration")
+    terms = check_tokens(runs)
+    gap_s, _ = longest_gap(runs)
+    overlap = overlap_s(runs)
+    resumed_at = min(run.start for run in runs if run.start > migrated_at)
+    record.add(
+        "55b",
+        "cluster-slot-half-migrated",
+        held_s=migrated_at - began,
+        gap_s=gap_s,
+        resumed_after_setslot_s=resumed_at - migrated_at,
+        overlap_s=overlap,
+        terms=len(terms),
+    )
+    assert overlap == 0.0
+    assert resumed_at - migrated_at < B + H + 0.5
