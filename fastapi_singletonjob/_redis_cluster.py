@@ -252,7 +252,7 @@ class ClusterLeaseStore(RedisLeaseStore):
 
     async def ping(self) -> None:
         """See ``LeaseStore.ping``: the slot's master."""
-        client = self._cluster_client
+        client = await self._cluster_client.initialize()  # no slot map yet: read it first
         await client.ping(target_nodes=client.get_node_from_key(self._channel))
 
     async def aclose(self) -> None:
