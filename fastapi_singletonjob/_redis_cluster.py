@@ -28,7 +28,13 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import SSLConnection, parse_url
-from redis.exceptions import MovedError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    MovedError,
+    NoPermissionError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from . import _keys, _scripts
 from ._cluster_url import seed_urls
@@ -99,6 +105,14 @@ def _options_from_client(client: RedisCluster) -> tuple[list[tuple[str, int]], d
     if remap is not None:
         options["address_remap"] = remap
     return seeds, options
+
+
+def _first_reply(exc: BaseException) -> BaseException | None:
+    """The error reply at the bottom of redis-py's chain of cluster exceptions, if any."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, ResponseError):
+        seen = seen.__cause__ or seen.__context__
+    return seen
 
 
 class ClusterLeaseStore(RedisLeaseStore):
@@ -181,6 +195,12 @@ class ClusterLeaseStore(RedisLeaseStore):
         except RedisClusterException as exc:
             if _NOT_A_CLUSTER not in str(exc):
                 raise
+            # redis-py says "not enabled" for any error reply to CLUSTER SLOTS: an ACL's too.
+            if isinstance(_first_reply(exc), NoPermissionError):
+                raise NoPermissionError(
+                    f"the Redis user of {self._shown} may not read the cluster's slot map: "
+                    "add +cluster|slots +command +spublish +ssubscribe to its ACL"
+                ) from None
             raise StoreMismatch(
                 f"the Redis server at {self._shown} is not a Redis Cluster node (cluster mode "
                 "is not enabled): use redis:// (or a redis.asyncio.Redis client) for a single "

@@ -6,9 +6,12 @@ the operator errors readiness reports. Failover and slot migration are chaos row
 from __future__ import annotations
 
 import asyncio
+import re
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,8 @@ import redis
 from redis.asyncio import Redis, RedisCluster
 from redis_cluster import TestCluster
 from servers import RedisServerFactory
+from test_redis_acl import PASSWORD as ACL_PASSWORD
+from test_redis_acl import documented_acl
 from waiting import wait_until
 
 from fastapi_singletonjob import ConfigurationError, JobContext, SingletonJobs
@@ -45,10 +50,11 @@ class Run:
 
 
 def node(url: str | None, project: str, name: str, runs: list[Run], **extra: Any) -> SingletonJobs:
+    checkpoint = bool(extra.pop("checkpoint", False))
     options: dict[str, Any] = {"heartbeat_interval": H, "lock_expiry": T, **extra}
     jobs = SingletonJobs(url, project=project, node_id=name, **options)
 
-    @jobs.interval("tick", 0.02, checkpoint=False)
+    @jobs.interval("tick", 0.02, checkpoint=checkpoint)
     async def tick(ctx: JobContext) -> None:
         run = Run(name, ctx.fencing_token, time.monotonic())
         runs.append(run)
@@ -260,3 +266,54 @@ def test_a_cluster_url_is_shown_without_its_password() -> None:
 def test_other_clients_are_refused_naming_both_kinds() -> None:
     with pytest.raises(ConfigurationError, match="RedisCluster"):
         SingletonJobs(redis=redis.Redis(), project="p")  # type: ignore[arg-type]
+
+
+def documented_cluster_acl(project: str) -> list[str]:
+    """The cluster's ``ACL SETUSER`` additions of docs/redis.md, for ``project``."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "redis.md").read_text()
+    found = re.search(r"^ACL SETUSER myapp-jobs (\+cluster\|slots .*)$", page, re.MULTILINE)
+    assert found is not None, "docs/redis.md has no cluster ACL line"
+    return found.group(1).split()
+
+
+async def test_the_documented_acl_serves_every_call_on_a_cluster(cluster: TestCluster) -> None:
+    project = f"acl{secrets.token_hex(3)}"  # a user per test: the cluster is shared
+    user = f"{project}-jobs"
+    for server in cluster.nodes:
+        with server.client() as admin:
+            admin.execute_command("ACL", "LOG", "RESET")
+            admin.execute_command("ACL", "SETUSER", *documented_acl(project))
+            admin.execute_command("ACL", "SETUSER", user, *documented_cluster_acl(project))
+    url = cluster.url.replace("redis+cluster://", f"redis+cluster://{user}:{ACL_PASSWORD}@")
+    runs: list[Run] = []
+    a, b = (
+        node(url, project, name, runs, heartbeat_interval=1.0, lock_expiry=3.0, checkpoint=True)
+        for name in ("a", "b")
+    )
+    async with a, b:
+        await wait_until(lambda: len(runs) >= 5, 5.0, "runs")
+        first = leader(a, b)
+        assert first is not None
+        follower = b if first is a else a
+        assert (await first.checkpoint("tick")) is not None  # RECORD_RUN and HGETALL
+        await first.stop()
+        released_at = time.monotonic()
+        led_at = await wait_until(lambda: follower.status().jobs[0].is_leader, 3.0, "handover")
+        assert led_at - released_at < 0.3  # pushed: the heartbeat is 1 s
+    for server in cluster.nodes:
+        with server.client() as admin:
+            assert admin.execute_command("ACL", "LOG") == [], server
+
+
+async def test_an_acl_without_the_cluster_additions_is_named(cluster: TestCluster) -> None:
+    project = f"acl{secrets.token_hex(3)}"
+    for server in cluster.nodes:
+        with server.client() as admin:
+            admin.execute_command("ACL", "SETUSER", *documented_acl(project))
+    url = cluster.url.replace("redis+cluster://", f"redis+cluster://{project}-jobs:{ACL_PASSWORD}@")
+    jobs = node(url, project, "a", [])
+    async with jobs:
+        await wait_until(lambda: jobs.status().store.consecutive_failures >= 1, 5.0, "a round")
+        error = jobs.status().store.error
+    assert error is not None and "+cluster|slots" in error, error
+    assert ACL_PASSWORD not in error
