@@ -24,6 +24,7 @@ from test_redis_acl import documented_acl
 from waiting import wait_until
 
 from fastapi_singletonjob import ConfigurationError, JobContext, SingletonJobs
+from fastapi_singletonjob._cluster_url import seed_urls
 from fastapi_singletonjob._keys import lock_key, release_channel
 from fastapi_singletonjob._redis_cluster import ClusterLeaseStore
 from fastapi_singletonjob._status import readiness
@@ -185,17 +186,26 @@ async def test_the_release_notice_is_sharded_on_the_slot_master(
         await store.aclose()
 
 
-async def test_readiness_names_a_cluster_url_given_a_single_redis(
-    fresh_redis: RedisServerFactory, unique_project: str
+@pytest.mark.parametrize("form", ["url", "client"])
+async def test_readiness_names_a_cluster_url_or_client_given_a_single_redis(
+    fresh_redis: RedisServerFactory, unique_project: str, form: str
 ) -> None:
-    server = fresh_redis()
-    url = f"redis+cluster://:s3cret@127.0.0.1:{server.port}/"
-    jobs = node(url, unique_project, "a", [])
-    async with jobs:
-        await wait_until(
-            lambda: jobs.status().store.consecutive_failures >= 1, 5.0, "a failed round"
-        )
-        health, reason = await readiness(jobs, strict=True)
+    server = fresh_redis(extra_args=["--requirepass", "s3cret"])
+    client = None
+    if form == "url":
+        jobs = node(f"redis+cluster://:s3cret@127.0.0.1:{server.port}/", unique_project, "a", [])
+    else:
+        client = RedisCluster(host="127.0.0.1", port=server.port, password="s3cret")
+        jobs = node(None, unique_project, "a", [], redis=client)
+    try:
+        async with jobs:
+            await wait_until(
+                lambda: jobs.status().store.consecutive_failures >= 1, 5.0, "a failed round"
+            )
+            health, reason = await readiness(jobs, strict=True)
+    finally:
+        if client is not None:
+            await client.aclose()
     assert health == "unavailable"
     assert reason is not None and "not a Redis Cluster node" in reason, reason
     assert "s3cret" not in reason
@@ -317,3 +327,34 @@ async def test_an_acl_without_the_cluster_additions_is_named(cluster: TestCluste
         error = jobs.status().store.error
     assert error is not None and "+cluster|slots" in error, error
     assert ACL_PASSWORD not in error
+
+
+def test_seed_urls_keep_credentials_and_options_and_default_the_port() -> None:
+    assert seed_urls("rediss+cluster://u:p%40ss@h1,[::1]:7001,h3:7002/0?ssl_cert_reqs=none") == [
+        "rediss://u:p%40ss@h1:6379/0?ssl_cert_reqs=none",
+        "rediss://u:p%40ss@[::1]:7001/0?ssl_cert_reqs=none",
+        "rediss://u:p%40ss@h3:7002/0?ssl_cert_reqs=none",
+    ]
+
+
+def test_a_client_passed_in_gives_its_settings_but_not_its_retries_or_decoding() -> None:
+    client = RedisCluster(
+        host="127.0.0.1",
+        port=7000,
+        username="u",
+        password="pw",
+        decode_responses=True,
+        ssl=True,
+        ssl_ca_certs="/ca.pem",
+        socket_connect_timeout=1.5,
+    )
+    store = ClusterLeaseStore("p", client=client)
+    options = store._options
+    assert store._seeds == [("127.0.0.1", 7000)]
+    assert (options["username"], options["password"], options["ssl"]) == ("u", "pw", True)
+    assert (options["ssl_ca_certs"], options["socket_connect_timeout"]) == ("/ca.pem", 1.5)
+    assert "decode_responses" not in options and "retry" not in options
+    for own in store._clusters:
+        assert own.retry.get_retries() == 0
+        assert own.get_encoder().decode_responses is False
+    assert "pw" not in repr(store)
