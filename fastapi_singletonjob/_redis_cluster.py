@@ -39,13 +39,8 @@ from redis.exceptions import (
 from . import _keys, _scripts
 from ._cluster_url import seed_urls
 from ._redact import redact_url
-from ._redis_store import (
-    DEFAULT_MAX_CONNECTIONS,
-    ELECTION_CONNECTIONS,
-    RedisLeaseStore,
-    _forced,
-    _no_maint_notifications,
-)
+from ._redis_options import forced_options, no_maint_notifications
+from ._redis_store import DEFAULT_MAX_CONNECTIONS, ELECTION_CONNECTIONS, RedisLeaseStore
 from ._store import DEFAULT_KEEPALIVE_S, LeaseReply, LeaseRequest, StoreMismatch, StoreReadOnly
 
 __all__ = ["ClusterLeaseStore"]
@@ -174,8 +169,8 @@ class ClusterLeaseStore(RedisLeaseStore):
             max_connections=max_connections,
             require_full_coverage=False,  # only the project's slot matters
             **{k: v for k, v in self._options.items() if k in _CLUSTER_OPTIONS},
-            **{k: v for k, v in _forced().items() if k in _CLUSTER_OPTIONS},
-            **_no_maint_notifications(),
+            **{k: v for k, v in forced_options().items() if k in _CLUSTER_OPTIONS},
+            **no_maint_notifications(),
         )
 
     @property
@@ -220,7 +215,7 @@ class ClusterLeaseStore(RedisLeaseStore):
             if node is None:
                 raise ConnectionError(f"no node of {self._shown} serves the project's slot yet")
             host, port = node.host, int(node.port)
-        options = {**self._options, **_forced(), **_no_maint_notifications()}
+        options = {**self._options, **forced_options(), **no_maint_notifications()}
         # retry_on_timeout=False is the default, and redis-py warns when it is passed
         options = {k: v for k, v in options.items() if k in _NODE_OPTIONS - {"retry_on_timeout"}}
         return Redis(host=host, port=port, single_connection_client=True, **options)

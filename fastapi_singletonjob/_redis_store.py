@@ -14,16 +14,12 @@ module created are closed; a client passed in by the user is never closed.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.client import PubSub
-from redis.asyncio.connection import AbstractConnection, Connection, parse_url
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
     ClusterCrossSlotError,
@@ -35,6 +31,11 @@ from redis.exceptions import (
 from . import _keys, _scripts
 from ._checkpoint_store import RedisCheckpoints
 from ._redact import redact_url
+from ._redis_options import (
+    no_maint_notifications,
+    options_from_client,
+    options_from_url,
+)
 from ._store import (
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
@@ -75,57 +76,6 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-def _no_retry() -> Retry:
-    return Retry(NoBackoff(), 0)
-
-
-def _no_maint_notifications() -> dict[str, Any]:
-    """Pool options that turn off redis-py's maintenance notifications where it has them.
-
-    redis-py 8 turns them on by default over RESP3, and then no longer checks a pooled
-    connection for a close by the server before using it: the first call after a Redis
-    restart fails on the dead connection, costing the election a round and a backoff, and a
-    release at shutdown. They also add a ``CLIENT MAINT_NOTIFICATIONS`` round trip per
-    connection, which open-source Redis refuses anyway.
-    """
-    if "maint_notifications_config" not in inspect.signature(ConnectionPool).parameters:
-        return {}  # an older redis-py: nothing to turn off
-    from redis.maint_notifications import MaintNotificationsConfig
-
-    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
-
-
-def _forced() -> dict[str, Any]:
-    """Connection options the store needs whatever the URL or the user's client says: no
-    client-side retries, and raw bytes (values are decoded here, never failing on bad UTF-8)."""
-    return {"retry": _no_retry(), "retry_on_timeout": False, "decode_responses": False}
-
-
-def _options_from_url(
-    url: str, connect_timeout_s: float
-) -> tuple[type[AbstractConnection], dict[str, Any]]:
-    """Connection class and options for ``url``; its query string wins over the defaults."""
-    options: dict[str, Any] = dict(parse_url(url))
-    connection_class = options.pop("connection_class", Connection)
-    options.pop("max_connections", None)  # the store sizes its pools itself
-    defaults = {
-        "socket_connect_timeout": connect_timeout_s,
-        "socket_timeout": None,  # every call is bounded by the elector's own timeout
-    }
-    return connection_class, {**defaults, **options, **_forced()}
-
-
-def _options_from_client(client: Redis) -> tuple[type[AbstractConnection], dict[str, Any]]:
-    """The user's connection settings (host, TLS, credentials, timeouts), without retries."""
-    pool = client.connection_pool
-    options = {
-        key: value
-        for key, value in pool.connection_kwargs.items()
-        if not key.startswith(("orig_", "maint_notifications")) and key != "retry"
-    }
-    return pool.connection_class, {**options, **_forced()}
-
-
 class RedisLeaseStore(RedisCheckpoints):
     """Leases kept in Redis keys (see ``_keys``), changed only by the scripts in ``_scripts``.
 
@@ -157,12 +107,12 @@ class RedisLeaseStore(RedisCheckpoints):
         if client is not None:
             self._shown = "<client passed in>"
             self._fix = "pass redis= a client of the primary (with Sentinel: master_for())"
-            self._connection_class, self._options = _options_from_client(client)
+            self._connection_class, self._options = options_from_client(client)
         else:
             assert url is not None
             self._shown = redact_url(url)
             self._fix = "point redis_url at the primary"
-            self._connection_class, self._options = _options_from_url(url, connect_timeout_s)
+            self._connection_class, self._options = options_from_url(url, connect_timeout_s)
         # The election has connections of its own: a renewal never waits behind a burst of
         # claims (40 cron jobs on one instant), or its lease could lapse while it queues.
         self._redis = Redis(
@@ -194,7 +144,7 @@ class RedisLeaseStore(RedisCheckpoints):
             connection_class=self._connection_class,
             max_connections=max_connections,
             **self._options,
-            **_no_maint_notifications(),
+            **no_maint_notifications(),
             **extra,
         )
 
