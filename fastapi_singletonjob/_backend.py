@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from ._clock import Clock
+from ._cluster_url import is_cluster_url
 from ._config import Settings
 from ._errors import ConfigurationError
 from ._job import JobSpec
 from ._redact import redact_url
+from ._redis_cluster import ClusterLeaseStore
 from ._redis_store import RedisLeaseStore
 from ._schedule import policy_of
 from ._store import CheckpointStore, LeaseStore, MemoryLeaseStore
@@ -28,7 +30,11 @@ MAX_POOL_SIZE = 16
 
 
 def open_store(
-    settings: Settings, specs: Iterable[JobSpec], *, client: Redis | None, clock: Clock
+    settings: Settings,
+    specs: Iterable[JobSpec],
+    *,
+    client: Redis | RedisCluster | None,
+    clock: Clock,
 ) -> Store:
     """The store of one ``SingletonJobs``: a Redis store on ``client`` or ``settings``'s URL,
     or the in-process store for ``memory://``. Opening does not connect.
@@ -43,14 +49,17 @@ def open_store(
         if spec.enabled and (spec.checkpoint or not policy_of(spec.schedule).after_run)
     )
     pool_size = min(2 + calling, MAX_POOL_SIZE)
+    if isinstance(client, RedisCluster):
+        return ClusterLeaseStore(settings.project, client=client, max_connections=pool_size)
     if client is not None:
         return RedisLeaseStore(settings.project, client=client, max_connections=pool_size)
     url = settings.redis_url
     assert url is not None
     if url.startswith("memory:"):
         return MemoryLeaseStore(settings.project, clock, url)
+    store_class = ClusterLeaseStore if is_cluster_url(url) else RedisLeaseStore
     try:
-        return RedisLeaseStore(
+        return store_class(
             settings.project,
             url=url,
             connect_timeout_s=settings.heartbeat_interval_s,

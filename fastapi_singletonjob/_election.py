@@ -204,6 +204,7 @@ class Elector:
             and (self.terms.acquiring or lease.token is not None)
             and (lease.token is not None or lease.rest_until <= now)
         ]
+        holders = {request.job: self.leases[request.job].holder for request in requests}
         sent_at = self._clock.monotonic()
         try:
             if requests:
@@ -228,7 +229,9 @@ class Elector:
         if self._spread is not None:
             self._spread.refresh(self.leases)
             await self._hand_over()
-            looked_at = [request.job for request in requests if not request.take]
+            looked_at = {
+                request.job: holders[request.job] for request in requests if not request.take
+            }
             if self.failures == 0 and self._spread.wants_round(self.leases, looked_at):
                 return 0.0  # a free lock this round only looked at is this node's now
         self.terms.expire()

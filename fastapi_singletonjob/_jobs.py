@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeVar
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from ._backend import Store, open_store
 from ._clock import SYSTEM_CLOCK, Clock
@@ -49,11 +49,12 @@ class SingletonJobs(Operations):
     ``SINGLETONJOB_SHUTDOWN_TIMEOUT``, ``SINGLETONJOB_PRECISION``,
     ``SINGLETONJOB_CHECKPOINT_RETENTION``, durations in seconds); explicit arguments win.
 
-    :param redis_url: ``redis://``, ``rediss://``, ``unix://``, or ``memory://`` (one process
-        only, for development and tests). Default ``redis://localhost:6379/0``.
-    :param redis: a ``redis.asyncio.Redis`` client you own, instead of ``redis_url``; the
-        library copies its connection settings into a small pool of its own (without
-        client-side retries) and never closes your client.
+    :param redis_url: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://host:port,...``
+        (Redis Cluster), or ``memory://`` (one process only, for development and tests).
+        Default ``redis://localhost:6379/0``.
+    :param redis: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` client you own,
+        instead of ``redis_url``; the library copies its connection settings into a small
+        pool of its own (without client-side retries) and never closes your client.
     :param project: namespaces every key; required (a shared default would let unrelated
         deployments elect each other).
     :param node_id: this replica's name in locks, logs and status; default pod or host name,
@@ -84,7 +85,7 @@ class SingletonJobs(Operations):
         self,
         redis_url: str | None = None,
         *,
-        redis: Redis | None = None,
+        redis: Redis | RedisCluster | None = None,
         project: str | None = None,
         node_id: str | None = None,
         heartbeat_interval: Duration | None = None,
@@ -102,10 +103,10 @@ class SingletonJobs(Operations):
             raise ConfigurationError(
                 "pass either redis_url= or redis=, not both", field="redis_url"
             )
-        if redis is not None and not isinstance(redis, Redis):
+        if redis is not None and not isinstance(redis, (Redis, RedisCluster)):
             raise ConfigurationError(
-                f"redis={type(redis).__name__} is not a redis.asyncio.Redis client; pass one, "
-                "or use redis_url=",
+                f"redis={type(redis).__name__} is not a redis.asyncio.Redis or "
+                "redis.asyncio.RedisCluster client; pass one, or use redis_url=",
                 field="redis",
             )
         self.settings = Settings.build(

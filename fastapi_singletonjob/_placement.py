@@ -202,15 +202,19 @@ class Spreader:
         )
         return self._placement.to_hand_over(led, idle, counts)
 
-    def wants_round(self, leases: Mapping[str, Lease], looked_at: Iterable[str]) -> bool:
-        """Whether a free lock that this round only looked at is this node's to take now (it
-        became the preferred node): then the next round should come at once."""
-        return any(
-            leases[job].holder is None
-            and leases[job].token is None
-            and self._placement.preferred(job) == self._node_id
-            for job in looked_at
-        )
+    def wants_round(self, leases: Mapping[str, Lease], looked_at: Mapping[str, str | None]) -> bool:
+        """Whether a free lock that this round only looked at (``looked_at``: job -> its
+        holder before the round) should be taken at once, in a round that comes now: this
+        node is the preferred one now, or the preferred node itself let the lock go (it
+        stopped, or it died and its lock ran out), so that first come is fair."""
+        for job, holder_before in looked_at.items():
+            lease = leases[job]
+            if lease.holder is not None or lease.token is not None:
+                continue
+            preferred = self._placement.preferred(job)
+            if preferred == self._node_id or (preferred is not None and holder_before == preferred):
+                return True
+        return False
 
 
 _NOBODY = Candidate("", frozenset(), False)

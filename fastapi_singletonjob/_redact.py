@@ -14,11 +14,12 @@ from urllib.parse import unquote_plus, urlsplit
 
 from redis.asyncio.connection import parse_url
 
+from ._cluster_url import CLUSTER_SCHEMES, cluster_url_problem, seed_urls
 from ._errors import ConfigurationError
 
 __all__ = ["REDACTED", "URL_SCHEMES", "check_redis_url", "redact_url"]
 
-URL_SCHEMES: Final = ("redis", "rediss", "unix", "memory")
+URL_SCHEMES: Final = ("redis", "rediss", "unix", "memory", *CLUSTER_SCHEMES)
 _C0_AND_SPACE = "".join(map(chr, range(33)))
 
 REDACTED: Final = "***"
@@ -88,9 +89,12 @@ def redact_url(url: str) -> str:
 
 def _host_parses(scheme: str, host: str) -> bool:
     """Whether ``host`` is a host and an optional numeric port (not ``user:pass`` without
-    its ``@``, which ``urlsplit`` would take for a host and a port)."""
+    its ``@``, which ``urlsplit`` would take for a host and a port); a cluster URL lists
+    several, separated by commas."""
+    hosts = host.split(",") if scheme.lower() in CLUSTER_SCHEMES else [host]
     try:
-        _ = urlsplit(f"{scheme}://{host}").port
+        for one in hosts:
+            _ = urlsplit(f"{scheme}://{one}").port
     except ValueError:
         return False
     return True
@@ -122,19 +126,26 @@ def check_redis_url(url: object) -> None:
     if scheme not in URL_SCHEMES:
         raise ConfigurationError(
             f"redis_url={shown!r} is not supported; use redis://host:port/db, "
-            "rediss:// (TLS), unix:///path/to/socket or memory:// (one process only)",
+            "rediss:// (TLS), unix:///path/to/socket, redis+cluster://host:port,host:port/ "
+            "(Redis Cluster) or memory:// (one process only)",
             field="redis_url",
         )
     assert isinstance(url, str)
     if scheme == "memory":
         return
-    problem = _misread_by_redis_py(url)
+    cluster = scheme in CLUSTER_SCHEMES
+    problem = next(
+        filter(None, map(_misread_by_redis_py, seed_urls(url) if cluster else [url])), None
+    )
     if problem is not None:
         raise ConfigurationError(
             f"redis_url={shown!r} {problem}; percent-encode the user name and password, "
             "e.g. urllib.parse.quote(password, safe='') turns 'p/ss#1' into 'p%2Fss%231'",
             field="redis_url",
         )
+    problem = cluster_url_problem(url) if cluster else None
+    if problem is not None:
+        raise ConfigurationError(f"redis_url={shown!r} {problem}", field="redis_url")
 
 
 def _misread_by_redis_py(url: str) -> str | None:

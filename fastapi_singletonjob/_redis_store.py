@@ -15,28 +15,37 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
-from redis.asyncio.connection import AbstractConnection, Connection, parse_url
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ReadOnlyError, RedisError, ResponseError
+from redis.asyncio.client import PubSub
+from redis.exceptions import (
+    AskError,
+    ClusterCrossSlotError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 
 from . import _keys, _scripts
 from ._batch import Batcher
 from ._checkpoint_store import RedisCheckpoints
 from ._control_store import RedisControls
 from ._redact import redact_url
+from ._redis_options import (
+    no_maint_notifications,
+    options_from_client,
+    options_from_url,
+)
 from ._store import (
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
     LeaseReply,
     LeaseRequest,
+    StoreMismatch,
     StoreReadOnly,
     is_lock_value,
 )
@@ -71,57 +80,6 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-def _no_retry() -> Retry:
-    return Retry(NoBackoff(), 0)
-
-
-def _no_maint_notifications() -> dict[str, Any]:
-    """Pool options that turn off redis-py's maintenance notifications where it has them.
-
-    redis-py 8 turns them on by default over RESP3, and then no longer checks a pooled
-    connection for a close by the server before using it: the first call after a Redis
-    restart fails on the dead connection, costing the election a round and a backoff, and a
-    release at shutdown. They also add a ``CLIENT MAINT_NOTIFICATIONS`` round trip per
-    connection, which open-source Redis refuses anyway.
-    """
-    if "maint_notifications_config" not in inspect.signature(ConnectionPool).parameters:
-        return {}  # an older redis-py: nothing to turn off
-    from redis.maint_notifications import MaintNotificationsConfig
-
-    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
-
-
-def _forced() -> dict[str, Any]:
-    """Connection options the store needs whatever the URL or the user's client says: no
-    client-side retries, and raw bytes (values are decoded here, never failing on bad UTF-8)."""
-    return {"retry": _no_retry(), "retry_on_timeout": False, "decode_responses": False}
-
-
-def _options_from_url(
-    url: str, connect_timeout_s: float
-) -> tuple[type[AbstractConnection], dict[str, Any]]:
-    """Connection class and options for ``url``; its query string wins over the defaults."""
-    options: dict[str, Any] = dict(parse_url(url))
-    connection_class = options.pop("connection_class", Connection)
-    options.pop("max_connections", None)  # the store sizes its pools itself
-    defaults = {
-        "socket_connect_timeout": connect_timeout_s,
-        "socket_timeout": None,  # every call is bounded by the elector's own timeout
-    }
-    return connection_class, {**defaults, **options, **_forced()}
-
-
-def _options_from_client(client: Redis) -> tuple[type[AbstractConnection], dict[str, Any]]:
-    """The user's connection settings (host, TLS, credentials, timeouts), without retries."""
-    pool = client.connection_pool
-    options = {
-        key: value
-        for key, value in pool.connection_kwargs.items()
-        if not key.startswith(("orig_", "maint_notifications")) and key != "retry"
-    }
-    return pool.connection_class, {**options, **_forced()}
-
-
 class RedisLeaseStore(RedisCheckpoints, RedisControls):
     """Leases kept in Redis keys (see ``_keys``), changed only by the scripts in ``_scripts``.
 
@@ -153,12 +111,12 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
         if client is not None:
             self._shown = "<client passed in>"
             self._fix = "pass redis= a client of the primary (with Sentinel: master_for())"
-            self._connection_class, self._options = _options_from_client(client)
+            self._connection_class, self._options = options_from_client(client)
         else:
             assert url is not None
             self._shown = redact_url(url)
             self._fix = "point redis_url at the primary"
-            self._connection_class, self._options = _options_from_url(url, connect_timeout_s)
+            self._connection_class, self._options = options_from_url(url, connect_timeout_s)
         # The election has connections of its own: a renewal never waits behind a burst of
         # claims (40 cron jobs on one instant), or its lease could lapse while it queues.
         self._redis = Redis(
@@ -175,6 +133,9 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
         self._checked_server = False
         self._channel = _keys.release_channel(project)
 
+    _CLUSTER_REPLIES: tuple[type[Exception], ...] = (AskError, ClusterCrossSlotError)
+    """Replies only a Redis Cluster node gives: this server is one (see ``_redis_cluster``)."""
+
     @property
     def max_connections(self) -> int:
         """Size of the claims' pool."""
@@ -187,7 +148,7 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
             connection_class=self._connection_class,
             max_connections=max_connections,
             **self._options,
-            **_no_maint_notifications(),
+            **no_maint_notifications(),
             **extra,
         )
 
@@ -226,6 +187,8 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
             raw: list[Any] = await self._elect(keys=keys, args=args)
         except ReadOnlyError as exc:  # a renewal's PEXPIRE, refused by a replica
             raise await self._read_only("a read-only replica") from exc
+        except self._CLUSTER_REPLIES as exc:
+            raise self._cluster_node(type(exc).__name__) from None
         if member is not None:
             member.confirmed(int(raw[0]) == 1)
             server_ms, epoch, *flat = raw[4 * len(requests) + 1 :]
@@ -321,13 +284,13 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
         if not keepalive_s > 0:
             raise ValueError(f"keepalive_s={keepalive_s!r} must be a positive number of seconds")
         loop = asyncio.get_running_loop()
-        client = Redis(connection_pool=self._pool(ConnectionPool, 1))
+        client = await self._subscriber()
         pubsub = client.pubsub()
         try:
             # Connecting (with its handshake) and sending are bounded too: on a dead peer
             # either can wait for good, as no socket timeout is set.
             await self._within(
-                "subscribe", pubsub.subscribe(self._channel), self._connect_timeout_s + keepalive_s
+                "subscribe", self._subscribe(pubsub), self._connect_timeout_s + keepalive_s
             )
             awaiting_since: float | None = loop.time()  # a reply is due since then
             heard_at = loop.time()
@@ -350,11 +313,31 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
                 if message is None:
                     continue
                 heard_at, awaiting_since = loop.time(), None
-                if message.get("type") == "message":
+                kind = message.get("type")
+                if kind in ("message", "smessage"):
                     on_release()
+                elif kind == "sunsubscribe":  # a cluster moved the slot away from this node
+                    raise ConnectionError(
+                        f"the release subscription to {self._shown} was ended by the server: "
+                        "the project's hash slot moved to another node"
+                    )
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
             await client.aclose(close_connection_pool=True)
+
+    async def _subscriber(self) -> Redis:
+        """A client of one connection, for a release subscription."""
+        return Redis(connection_pool=self._pool(ConnectionPool, 1))
+
+    def _subscribe(self, pubsub: PubSub) -> Awaitable[object]:
+        return pubsub.subscribe(self._channel)
+
+    def _cluster_node(self, reply: str) -> StoreMismatch:
+        return StoreMismatch(
+            f"the Redis server at {self._shown} is a Redis Cluster node (it answered "
+            f"{reply}): use redis+cluster://host:port,host:port/ or pass redis= a "
+            "redis.asyncio.RedisCluster"
+        )
 
     async def _within(self, what: str, call: Awaitable[object], timeout_s: float) -> None:
         """Await a call of the release subscription; ``ConnectionError`` past ``timeout_s``."""
@@ -399,7 +382,13 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
             return
         if str(info.get("role", "master")) in ("slave", "replica"):
             raise await self._read_only("a replica")
+        if int(info.get("cluster_enabled", 0) or 0):
+            raise self._cluster_node("cluster_enabled:1 in INFO")
         self._checked_server = True
+        self._warn_eviction(info)
+
+    def _warn_eviction(self, info: Mapping[str, Any]) -> None:
+        """Warn about an eviction policy that may evict locks."""
         policy = str(info.get("maxmemory_policy", "noeviction"))
         if int(info.get("maxmemory", 0) or 0) > 0 and policy != "noeviction":
             logger.warning(

@@ -11,7 +11,16 @@ replication, the default from Redis 5.0 on.
 
 from __future__ import annotations
 
-__all__ = ["CLAIM", "CONTROL", "ELECT", "RECORD_RUN", "RELEASE", "SAVE_STATE"]
+__all__ = [
+    "CLAIM",
+    "CONTROL",
+    "CONTROL_SHARDED",
+    "ELECT",
+    "RECORD_RUN",
+    "RELEASE",
+    "RELEASE_SHARDED",
+    "SAVE_STATE",
+]
 
 # Acquire or renew the leases of several jobs for one node, keep its membership record, and
 # read the operators' controls of those jobs, in one round trip.
@@ -215,6 +224,15 @@ if released > 0 then
 end
 return released
 """
+
+CONTROL_SHARDED = CONTROL.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+"""``CONTROL`` for Redis Cluster: the wake-up goes where the listener subscribes."""
+assert CONTROL_SHARDED != CONTROL
+
+RELEASE_SHARDED = RELEASE.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+"""``RELEASE`` for Redis Cluster: the notice goes out by sharded pub/sub (Redis 7.0+), on the
+shard of the project's slot, where the listener subscribes (``_redis_cluster``)."""
+assert RELEASE_SHARDED != RELEASE
 
 # Claim instants of jobs before running them, so that no instant runs twice across leaders:
 # the claims made while the node's previous claim was in flight, sent together.

@@ -38,6 +38,7 @@ __all__ = [  # lock values live in _lease; re-exported for the stores' callers
     "CheckpointStore",
     "LeaseStore",
     "MemoryLeaseStore",
+    "StoreMismatch",
     "StoreReadOnly",
     "is_lock_value",
     "parse_lock_value",
@@ -61,6 +62,12 @@ class StoreReadOnly(ConnectionError):
     A ``ConnectionError``, so that callers that retry connection failures retry this too; a
     type of its own, so that they can say what to fix.
     """
+
+
+class StoreMismatch(ConnectionError):
+    """The server is not the kind the store was set up for: a Redis Cluster node reached
+    through a single-Redis URL or client, or the reverse. A ``ConnectionError`` like
+    ``StoreReadOnly``: the election retries it, readiness shows it."""
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ def node(clock: FakeClock, url: str, node_id: str, runs: Runs) -> SingletonJobs:
         heartbeat_interval=HEARTBEAT_S,
         lock_expiry=LOCK_EXPIRY_S,
         max_backoff=2.0,
+        placement="first",  # who leads what is set by these tests (test_spread.py: spread)
     )
 
     @jobs.fixed_rate("tick", every=10.0)

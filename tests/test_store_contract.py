@@ -1,28 +1,33 @@
-"""The lease-store contract, run against both stores on real time.
+"""The lease-store contract, run against every store on real time.
 
-Every test in the first part runs twice: on :class:`MemoryLeaseStore` with the system clock, and
-on :class:`RedisLeaseStore` against the suite's shared redis-server. The second part checks
-what only Redis has: its keys, scripts, memory, client handling and authentication.
+Every test in the first part runs three times: on :class:`MemoryLeaseStore` with the system
+clock, on :class:`RedisLeaseStore` against the suite's shared redis-server, and on
+:class:`ClusterLeaseStore` against a Redis Cluster of three masters started for this module.
+The second part checks what only Redis has: its keys, scripts, memory, client handling and
+authentication.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pytest
 import redis
 import redis.asyncio
+from redis_cluster import TestCluster
 from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
 from fastapi_singletonjob import _keys
 from fastapi_singletonjob._clock import SystemClock
 from fastapi_singletonjob._membership import MemberRecord, Membership
+from fastapi_singletonjob._redis_cluster import ClusterLeaseStore
 from fastapi_singletonjob._redis_store import RedisLeaseStore
 from fastapi_singletonjob._store import (
     SHOWN_VALUE_CHARS,
@@ -52,12 +57,29 @@ class Case:
     set_lock: Callable[[str, str, float], None]
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[TestCluster]:
+    with TestCluster.start(masters=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.redis),
+    ]
+)
 async def case(request: pytest.FixtureRequest, unique_project: str) -> AsyncIterator[Case]:
     if request.param == "memory":
         memory = MemoryLeaseStore(unique_project, SystemClock())
         yield Case(memory, lambda: len(memory._data.listeners), memory.set_lock)
         await memory.aclose()
+        return
+    if request.param == "cluster":
+        cluster: TestCluster = request.getfixturevalue("redis_cluster")
+        async with cluster_case(cluster, unique_project) as found:
+            yield found
         return
     server: RedisServer = request.getfixturevalue("redis_server")
     url: str = request.getfixturevalue("redis_url")
@@ -71,6 +93,27 @@ async def case(request: pytest.FixtureRequest, unique_project: str) -> AsyncIter
 
         def set_lock(job: str, value: str, ttl_s: float) -> None:
             inspector.set(_keys.lock_key(unique_project, job), value, px=round(ttl_s * 1000))
+
+        try:
+            yield Case(store, subscribers, set_lock)
+        finally:
+            await store.aclose()
+
+
+@contextlib.asynccontextmanager
+async def cluster_case(cluster: TestCluster, project: str) -> AsyncIterator[Case]:
+    """The case of a ``ClusterLeaseStore``: its keys and channel live on the slot's master."""
+    store = ClusterLeaseStore(project, url=cluster.url)
+    # Read the slot map now: a test's first call must not spend a short lock's TTL on it.
+    await store.ping()
+    channel = _keys.release_channel(project)
+    with cluster.owner_of(channel).client() as inspector:
+
+        def subscribers() -> int:
+            return int(inspector.pubsub_shardnumsub(channel)[0][1])
+
+        def set_lock(job: str, value: str, ttl_s: float) -> None:
+            inspector.set(_keys.lock_key(project, job), value, px=round(ttl_s * 1000))
 
         try:
             yield Case(store, subscribers, set_lock)

@@ -1,0 +1,72 @@
+"""Connection options of the Redis stores: what they take from a URL or a user's client, and
+what they force whatever either says (no client-side retries, raw bytes, no maintenance
+notifications)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.connection import AbstractConnection, Connection, parse_url
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+__all__ = [
+    "forced_options",
+    "no_maint_notifications",
+    "no_retry",
+    "options_from_client",
+    "options_from_url",
+]
+
+
+def no_retry() -> Retry:
+    return Retry(NoBackoff(), 0)
+
+
+def no_maint_notifications() -> dict[str, Any]:
+    """Pool options that turn off redis-py's maintenance notifications where it has them.
+
+    redis-py 8 turns them on by default over RESP3, and then no longer checks a pooled
+    connection for a close by the server before using it: the first call after a Redis
+    restart fails on the dead connection, costing the election a round and a backoff, and a
+    release at shutdown. They also add a ``CLIENT MAINT_NOTIFICATIONS`` round trip per
+    connection, which open-source Redis refuses anyway.
+    """
+    if "maint_notifications_config" not in inspect.signature(ConnectionPool).parameters:
+        return {}  # an older redis-py: nothing to turn off
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
+def forced_options() -> dict[str, Any]:
+    """Connection options the store needs whatever the URL or the user's client says: no
+    client-side retries, and raw bytes (values are decoded here, never failing on bad UTF-8)."""
+    return {"retry": no_retry(), "retry_on_timeout": False, "decode_responses": False}
+
+
+def options_from_url(
+    url: str, connect_timeout_s: float
+) -> tuple[type[AbstractConnection], dict[str, Any]]:
+    """Connection class and options for ``url``; its query string wins over the defaults."""
+    options: dict[str, Any] = dict(parse_url(url))
+    connection_class = options.pop("connection_class", Connection)
+    options.pop("max_connections", None)  # the store sizes its pools itself
+    defaults = {
+        "socket_connect_timeout": connect_timeout_s,
+        "socket_timeout": None,  # every call is bounded by the elector's own timeout
+    }
+    return connection_class, {**defaults, **options, **forced_options()}
+
+
+def options_from_client(client: Redis) -> tuple[type[AbstractConnection], dict[str, Any]]:
+    """The user's connection settings (host, TLS, credentials, timeouts), without retries."""
+    pool = client.connection_pool
+    options = {
+        key: value
+        for key, value in pool.connection_kwargs.items()
+        if not key.startswith(("orig_", "maint_notifications")) and key != "retry"
+    }
+    return pool.connection_class, {**options, **forced_options()}

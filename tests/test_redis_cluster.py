@@ -1,0 +1,360 @@
+"""Redis Cluster against a real cluster of three masters started by the test (issue 14):
+one runner, a pushed handover, one round trip per heartbeat, a cluster client passed in, and
+the operator errors readiness reports. Failover and slot migration are chaos rows
+(tests/chaos/test_cluster_faults.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.asyncio import Redis, RedisCluster
+from redis_cluster import TestCluster
+from servers import RedisServerFactory
+from test_redis_acl import PASSWORD as ACL_PASSWORD
+from test_redis_acl import documented_acl
+from waiting import wait_until
+
+from fastapi_singletonjob import ConfigurationError, JobContext, SingletonJobs
+from fastapi_singletonjob._cluster_url import seed_urls
+from fastapi_singletonjob._keys import lock_key, release_channel
+from fastapi_singletonjob._redis_cluster import ClusterLeaseStore
+from fastapi_singletonjob._status import readiness
+from fastapi_singletonjob._store import LeaseRequest
+
+pytestmark = pytest.mark.redis
+
+H = 0.1  # heartbeat
+T = 2.0  # lock expiry: long, so that a handover found by polling would show
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[TestCluster]:
+    with TestCluster.start(masters=3) as started:
+        yield started
+
+
+@dataclass
+class Run:
+    node: str
+    token: int
+    start: float
+    end: float | None = None
+
+
+def node(url: str | None, project: str, name: str, runs: list[Run], **extra: Any) -> SingletonJobs:
+    checkpoint = bool(extra.pop("checkpoint", False))
+    options: dict[str, Any] = {"heartbeat_interval": H, "lock_expiry": T, **extra}
+    jobs = SingletonJobs(url, project=project, node_id=name, **options)
+
+    @jobs.interval("tick", 0.02, checkpoint=checkpoint)
+    async def tick(ctx: JobContext) -> None:
+        run = Run(name, ctx.fencing_token, time.monotonic())
+        runs.append(run)
+        run.end = time.monotonic()
+
+    return jobs
+
+
+def leader(*nodes: SingletonJobs) -> SingletonJobs | None:
+    leading = [jobs for jobs in nodes if jobs.status().jobs[0].is_leader]
+    assert len(leading) <= 1, "two nodes lead at once"
+    return leading[0] if leading else None
+
+
+async def test_one_runner_and_a_pushed_handover_on_a_cluster_url(
+    cluster: TestCluster, unique_project: str
+) -> None:
+    runs: list[Run] = []
+    # A heartbeat of 1 s: a follower that found the lock gone by polling would lead up to
+    # a second after the release.
+    a, b = (
+        node(cluster.url, unique_project, name, runs, heartbeat_interval=1.0, lock_expiry=3.0)
+        for name in ("a", "b")
+    )
+    async with a, b:
+        await wait_until(lambda: len(runs) >= 20, 5.0, "20 runs")
+        first = leader(a, b)
+        assert first is not None
+        follower = b if first is a else a
+        # Steady state: one runner, one term.
+        assert {run.node for run in runs} == {first.node_id}
+        assert len({run.token for run in runs}) == 1
+        for jobs in (a, b):
+            store = jobs.status().store
+            assert store.reachable and store.error is None, store
+        await first.stop()  # RELEASE deletes the lock and SPUBLISHes the notice
+        released_at = time.monotonic()
+        led_at = await wait_until(
+            lambda: follower.status().jobs[0].is_leader, T, "the follower leads"
+        )
+        # Pushed by the notice, heard by the follower, not found by its next poll.
+        assert follower.engine is not None
+        notice_at = follower.engine.elector._notice_at
+        assert notice_at is not None and notice_at >= released_at - 0.05
+        assert led_at - released_at < 0.3, led_at - released_at
+        count = len(runs)
+        await wait_until(lambda: len(runs) > count + 5, 3.0, "runs on the new leader")
+    tokens = [run.token for run in runs]
+    assert tokens == sorted(tokens)
+    assert runs[-1].node == follower.node_id
+
+
+async def test_a_cluster_client_passed_in_is_used_and_left_open(
+    cluster: TestCluster, unique_project: str
+) -> None:
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[1].port)
+    runs: list[Run] = []
+    jobs = node(None, unique_project, "a", runs, redis=client)
+    try:
+        async with jobs:
+            await wait_until(lambda: len(runs) >= 3, 5.0, "3 runs")
+            assert jobs.status().store.url == "<redis client passed in>"
+        assert await client.ping()  # still open
+    finally:
+        await client.aclose()
+
+
+async def test_one_round_trip_per_heartbeat_on_the_slot_master(
+    cluster: TestCluster, unique_project: str
+) -> None:
+    store = ClusterLeaseStore(unique_project, url=cluster.url)
+    owner = cluster.owner_of(lock_key(unique_project, "job-0"))
+    requests = [LeaseRequest(f"job-{i}", T) for i in range(20)]
+    clients = {n.port: n.client() for n in cluster.nodes}  # connected before, counted once
+    try:
+        first = await store.elect("n1", requests)  # connects and loads the script
+        renewals = [LeaseRequest(r.job, T, r.value) for r in first]
+        before = {port: _calls(c) for port, c in clients.items()}
+        replies = await store.elect("n1", renewals)
+        after = {port: _calls(c) for port, c in clients.items()}
+    finally:
+        await store.aclose()
+        for client in clients.values():
+            client.close()
+    assert all(reply.held for reply in replies)
+    for server in cluster.nodes:
+        delta = {
+            k[len("cmdstat_") :]: n - before[server.port].get(k, 0)
+            for k, n in after[server.port].items()
+        }
+        delta = {k: n for k, n in delta.items() if n}
+        if server is owner:
+            assert delta.pop("evalsha") == 1
+            # Everything else ran inside that one script call.
+            assert set(delta) <= {"get", "set", "pexpire", "pttl", "time", "hlen", "hget"}, delta
+        else:
+            assert delta == {}, (server, delta)
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    """Calls per command so far, leaving out the INFO calls that read them."""
+    stats = client.info("commandstats")
+    return {k: int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info"}
+
+
+async def test_the_release_notice_is_sharded_on_the_slot_master(
+    cluster: TestCluster, unique_project: str
+) -> None:
+    channel = release_channel(unique_project)
+    owner = cluster.owner_of(channel)
+    heard: list[float] = []
+    store = ClusterLeaseStore(unique_project, url=cluster.url)
+    try:
+        reply = (await store.elect("n1", [LeaseRequest("job", T)]))[0]
+        listener = asyncio.create_task(
+            store.listen_releases(lambda: heard.append(time.monotonic()), keepalive_s=1.0)
+        )
+
+        def subscribed() -> bool:
+            with owner.client() as client:
+                return bool(client.pubsub_shardnumsub(channel)[0][1])
+
+        await wait_until(subscribed, 5.0, "an SSUBSCRIBE on the slot's master")
+        assert await store.release("n1", {"job": str(reply.value)}) == 1
+        await wait_until(lambda: bool(heard), 1.0, "the notice")
+        listener.cancel()
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("form", ["url", "client"])
+async def test_readiness_names_a_cluster_url_or_client_given_a_single_redis(
+    fresh_redis: RedisServerFactory, unique_project: str, form: str
+) -> None:
+    server = fresh_redis(extra_args=["--requirepass", "s3cret"])
+    client = None
+    if form == "url":
+        jobs = node(f"redis+cluster://:s3cret@127.0.0.1:{server.port}/", unique_project, "a", [])
+    else:
+        client = RedisCluster(host="127.0.0.1", port=server.port, password="s3cret")
+        jobs = node(None, unique_project, "a", [], redis=client)
+    try:
+        async with jobs:
+            await wait_until(
+                lambda: jobs.status().store.consecutive_failures >= 1, 5.0, "a failed round"
+            )
+            health, reason = await readiness(jobs, strict=True)
+    finally:
+        if client is not None:
+            await client.aclose()
+    assert health == "unavailable"
+    assert reason is not None and "not a Redis Cluster node" in reason, reason
+    assert "s3cret" not in reason
+
+
+@pytest.mark.parametrize("owns_slot", [True, False], ids=["slot-owner", "other-node"])
+async def test_readiness_names_a_plain_url_given_a_cluster_node(
+    cluster: TestCluster, unique_project: str, owns_slot: bool
+) -> None:
+    owner = cluster.owner_of(lock_key(unique_project, "tick"))
+    target = owner if owns_slot else next(n for n in cluster.nodes if n is not owner)
+    runs: list[Run] = []
+    jobs = node(target.url, unique_project, "a", runs)
+    async with jobs:
+        await wait_until(
+            lambda: jobs.status().store.consecutive_failures >= 2, 5.0, "failed rounds"
+        )
+        health, reason = await readiness(jobs, strict=True)
+        assert not jobs.status().jobs[0].is_leader
+    assert runs == []
+    assert health == "unavailable"
+    assert reason is not None and "is a Redis Cluster node" in reason, reason
+    assert "redis+cluster://" in reason
+
+
+async def test_a_plain_client_given_a_cluster_node_is_reported(
+    cluster: TestCluster, unique_project: str
+) -> None:
+    client = Redis(host="127.0.0.1", port=cluster.nodes[0].port)
+    jobs = node(None, unique_project, "a", [], redis=client)
+    try:
+        async with jobs:
+            await wait_until(
+                lambda: jobs.status().store.consecutive_failures >= 2, 5.0, "failed rounds"
+            )
+            error = jobs.status().store.error
+        assert error is not None and "StoreMismatch" in error, error
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis+cluster://h1:7000,,h2:7001/", "names no host"),
+        ("redis+cluster://:7000/", "names no host"),
+        ("redis+cluster://u:pw@h1:7000,h2:7001/3", "database other than 0"),
+        ("redis+cluster://u:p/w@h1:7000,h2:7001/", "percent-encode"),
+        ("redis+cluster://h1:7000,h2:port/", "port"),
+    ],
+)
+def test_bad_cluster_urls_are_refused_naming_the_fix(url: str, expected: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        SingletonJobs(url, project="p")
+    message = str(caught.value)
+    assert "redis_url" in message and expected in message, message
+    assert "pw" not in message and "p/w" not in message
+
+
+def test_a_cluster_url_is_shown_without_its_password() -> None:
+    jobs = SingletonJobs(
+        "rediss+cluster://user:pw@h1:7000,h2:7001/?ssl_cert_reqs=none", project="p"
+    )
+    assert jobs.store_description == "rediss+cluster://***@h1:7000,h2:7001/?ssl_cert_reqs=none"
+    assert "pw" not in repr(jobs.settings)
+
+
+def test_other_clients_are_refused_naming_both_kinds() -> None:
+    with pytest.raises(ConfigurationError, match="RedisCluster"):
+        SingletonJobs(redis=redis.Redis(), project="p")  # type: ignore[arg-type]
+
+
+def documented_cluster_acl(project: str) -> list[str]:
+    """The cluster's ``ACL SETUSER`` additions of docs/redis.md, for ``project``."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "redis.md").read_text()
+    found = re.search(r"^ACL SETUSER myapp-jobs (\+cluster\|slots .*)$", page, re.MULTILINE)
+    assert found is not None, "docs/redis.md has no cluster ACL line"
+    return found.group(1).split()
+
+
+async def test_the_documented_acl_serves_every_call_on_a_cluster(cluster: TestCluster) -> None:
+    project = f"acl{secrets.token_hex(3)}"  # a user per test: the cluster is shared
+    user = f"{project}-jobs"
+    for server in cluster.nodes:
+        with server.client() as admin:
+            admin.execute_command("ACL", "LOG", "RESET")
+            admin.execute_command("ACL", "SETUSER", *documented_acl(project))
+            admin.execute_command("ACL", "SETUSER", user, *documented_cluster_acl(project))
+    url = cluster.url.replace("redis+cluster://", f"redis+cluster://{user}:{ACL_PASSWORD}@")
+    runs: list[Run] = []
+    a, b = (
+        node(url, project, name, runs, heartbeat_interval=1.0, lock_expiry=3.0, checkpoint=True)
+        for name in ("a", "b")
+    )
+    async with a, b:
+        await wait_until(lambda: len(runs) >= 5, 5.0, "runs")
+        first = leader(a, b)
+        assert first is not None
+        follower = b if first is a else a
+        assert (await first.checkpoint("tick")) is not None  # RECORD_RUN and HGETALL
+        await first.stop()
+        released_at = time.monotonic()
+        led_at = await wait_until(lambda: follower.status().jobs[0].is_leader, 3.0, "handover")
+        assert led_at - released_at < 0.3  # pushed: the heartbeat is 1 s
+    for server in cluster.nodes:
+        with server.client() as admin:
+            assert admin.execute_command("ACL", "LOG") == [], server
+
+
+async def test_an_acl_without_the_cluster_additions_is_named(cluster: TestCluster) -> None:
+    project = f"acl{secrets.token_hex(3)}"
+    for server in cluster.nodes:
+        with server.client() as admin:
+            admin.execute_command("ACL", "SETUSER", *documented_acl(project))
+    url = cluster.url.replace("redis+cluster://", f"redis+cluster://{project}-jobs:{ACL_PASSWORD}@")
+    jobs = node(url, project, "a", [])
+    async with jobs:
+        await wait_until(lambda: jobs.status().store.consecutive_failures >= 1, 5.0, "a round")
+        error = jobs.status().store.error
+    assert error is not None and "+cluster|slots" in error, error
+    assert ACL_PASSWORD not in error
+
+
+def test_seed_urls_keep_credentials_and_options_and_default_the_port() -> None:
+    assert seed_urls("rediss+cluster://u:p%40ss@h1,[::1]:7001,h3:7002/0?ssl_cert_reqs=none") == [
+        "rediss://u:p%40ss@h1:6379/0?ssl_cert_reqs=none",
+        "rediss://u:p%40ss@[::1]:7001/0?ssl_cert_reqs=none",
+        "rediss://u:p%40ss@h3:7002/0?ssl_cert_reqs=none",
+    ]
+
+
+def test_a_client_passed_in_gives_its_settings_but_not_its_retries_or_decoding() -> None:
+    client = RedisCluster(
+        host="127.0.0.1",
+        port=7000,
+        username="u",
+        password="pw",
+        decode_responses=True,
+        ssl=True,
+        ssl_ca_certs="/ca.pem",
+        socket_connect_timeout=1.5,
+    )
+    store = ClusterLeaseStore("p", client=client)
+    options = store._options
+    assert store._seeds == [("127.0.0.1", 7000)]
+    assert (options["username"], options["password"], options["ssl"]) == ("u", "pw", True)
+    assert (options["ssl_ca_certs"], options["socket_connect_timeout"]) == ("/ca.pem", 1.5)
+    assert "decode_responses" not in options and "retry" not in options
+    for own in store._clusters:
+        assert own.retry.get_retries() == 0
+        assert own.get_encoder().decode_responses is False
+    assert "pw" not in repr(store)
