@@ -14,6 +14,7 @@ from ._job import JobSpec
 from ._redact import redact_url
 from ._redis_store import RedisLeaseStore
 from ._schedule import policy_of
+from ._sentinel import SentinelLeaseStore, is_sentinel_url
 from ._store import CheckpointStore, LeaseStore, MemoryLeaseStore
 
 __all__ = ["MAX_POOL_SIZE", "Store", "open_store"]
@@ -50,6 +51,13 @@ def open_store(
     if url.startswith("memory:"):
         return MemoryLeaseStore(settings.project, clock, url)
     try:
+        if is_sentinel_url(url):
+            return SentinelLeaseStore(
+                settings.project,
+                url,
+                connect_timeout_s=settings.heartbeat_interval_s,
+                max_connections=pool_size,
+            )
         return RedisLeaseStore(
             settings.project,
             url=url,
