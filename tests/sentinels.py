@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -119,7 +119,11 @@ class SentinelTopology:
         password: str | None = None,
         sentinel_password: str | None = None,
         sentinels: int = 3,
+        replicate_from: Callable[[RedisServer], int] | None = None,
     ) -> SentinelTopology:
+        """``replicate_from(primary)``: the port the replicas replicate from (a ``FaultProxy``
+        in front of the primary, say); the primary's own by default. The sentinels watch the
+        primary directly."""
         topo = cls(workdir, password, sentinel_password)
         try:
             auth = [] if password is None else ["--requirepass", password, "--masterauth", password]
@@ -127,9 +131,10 @@ class SentinelTopology:
                 extra_args=[*PRIMARY_ARGS, *auth], data_dir=workdir / "primary"
             )
             topo.servers.append(primary)
+            upstream = str(primary.port if replicate_from is None else replicate_from(primary))
             for i in range(replicas):
                 replica = RedisServer.start(
-                    extra_args=[*PRIMARY_ARGS, *auth, "--replicaof", HOST, str(primary.port)],
+                    extra_args=[*PRIMARY_ARGS, *auth, "--replicaof", HOST, upstream],
                     data_dir=workdir / f"replica-{i}",
                 )
                 topo.servers.append(replica)
