@@ -80,7 +80,11 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
     authority, tail = rest[:end], rest[end:]
     path, _, query = tail.partition("?")
     if "@" in tail:
-        raise refuse("has an '@' after the hosts: the user info seems to hold a '/'", _ENCODE)
+        raise refuse(
+            "has an '@' after the hosts: the user info seems to hold a '/', or a query value "
+            "an '@'",
+            _ENCODE,
+        )
     userinfo, at, hosts = authority.rpartition("@")
     sentinels = tuple(_sentinel(host, refuse) for host in hosts.split(","))
     parts = path.split("/")[1:]  # path is "" or starts with "/"
@@ -135,7 +139,7 @@ def _sentinel(host: str, refuse: Callable[..., ConfigurationError]) -> tuple[str
         ) from None
     if not parts.hostname:
         raise refuse("has an empty sentinel address (a stray ',' or no host)")
-    return parts.hostname, port or DEFAULT_SENTINEL_PORT
+    return parts.hostname, DEFAULT_SENTINEL_PORT if port is None else port
 
 
 class SentinelLeaseStore(RedisLeaseStore):

@@ -26,13 +26,16 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 PASSWORD = "pr1mary-s3cret"
 SENTINEL_PASSWORD = "sent1nel-s3cret"
-HEARTBEAT_S = 0.1
-LOCK_EXPIRY_S = 0.5
-MAX_BACKOFF_S = 0.3
+HEARTBEAT_S = 0.2
+"""The upper end of the integration tests' range: the sentinels are asked with the heartbeat
+as timeout, and 0.1 s is tight for a connection with AUTH on a busy machine."""
+LOCK_EXPIRY_S = 1.0
+MAX_BACKOFF_S = 0.4
 EVERY_S = 0.05
 STEADY_S = 1.0
 PUSHED_S = 0.4
-"""Bound on a graceful handover: a round trip plus scheduling, far below the 0.5 s expiry."""
+"""Bound on a graceful handover: a round trip plus scheduling. Without the release notice a
+follower would wait for the lock's TTL (up to the 1 s expiry)."""
 PROMOTION_BUDGET_S = 10.0
 """Bound on detection + sentinel election + promotion (about 2 s measured; a busy machine)."""
 
@@ -176,3 +179,20 @@ async def test_a_sigkilled_primary_is_replaced_and_runs_resume_with_tokens_in_or
     assert tokens_in_order(runs), "fencing tokens never go down"
     assert after[0].token > before[-1].token, "a new term on the new primary"
     assert max_concurrent(runs) == 1, "no overlap: the old leader stopped at its deadline"
+
+
+async def test_a_wrong_sentinel_password_is_reported_without_any_password(
+    topology: SentinelTopology, unique_project: str
+) -> None:
+    wrong = "wr0ng-sentinel-pw"
+    url = topology.url().replace(SENTINEL_PASSWORD, wrong)
+    runs: list[Run] = []
+    async with node("d", unique_project, runs, url=url) as jobs:
+        await wait_until(lambda: jobs.status().store.error is not None, 5.0, "a failed round")
+        error = jobs.status().store.error
+        status = jobs.status().model_dump_json()
+    assert error is not None and "No master found for 'mymaster'" in error, error
+    assert "AuthenticationError" in error or "invalid" in error.lower(), error
+    assert runs == []
+    for secret in (PASSWORD, SENTINEL_PASSWORD, wrong):
+        assert secret not in status
