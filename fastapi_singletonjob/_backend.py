@@ -16,6 +16,7 @@ from ._redact import redact_url
 from ._redis_cluster import ClusterLeaseStore
 from ._redis_store import RedisLeaseStore
 from ._schedule import policy_of
+from ._sentinel import SentinelLeaseStore, is_sentinel_url
 from ._store import CheckpointStore, LeaseStore, MemoryLeaseStore
 
 __all__ = ["MAX_POOL_SIZE", "Store", "open_store"]
@@ -59,6 +60,13 @@ def open_store(
         return MemoryLeaseStore(settings.project, clock, url)
     store_class = ClusterLeaseStore if is_cluster_url(url) else RedisLeaseStore
     try:
+        if is_sentinel_url(url):
+            return SentinelLeaseStore(
+                settings.project,
+                url,
+                connect_timeout_s=settings.heartbeat_interval_s,
+                max_connections=pool_size,
+            )
         return store_class(
             settings.project,
             url=url,

@@ -23,6 +23,7 @@ from ._checkpoint import DEFAULT_CHECKPOINT_RETENTION_S
 from ._election import lease_deadline
 from ._errors import ConfigurationError
 from ._redact import check_redis_url, redact_url
+from ._sentinel import is_sentinel_url, parse_sentinel_url
 
 __all__ = ["Duration", "Settings", "check_name", "to_seconds"]
 
@@ -222,7 +223,7 @@ class Settings:
             if redis_url is None and not has_client:
                 redis_url = from_env("redis_url", secret=True) or DEFAULT_REDIS_URL
             if redis_url is not None:
-                check_redis_url(redis_url)
+                _check_url(redis_url)
             if project is None:
                 # An empty SINGLETONJOB_PROJECT is an error, not "unset": see check_name.
                 project = from_env("project", empty_is_unset=False)
@@ -329,6 +330,13 @@ def _placement(value: str | None) -> Placement:
         "leads)",
         field="placement",
     )
+
+
+def _check_url(url: str) -> None:
+    """Refuse a URL that no backend serves, or that its backend would misread."""
+    check_redis_url(url)
+    if is_sentinel_url(url):
+        parse_sentinel_url(url)
 
 
 MAX_PRECISION_S = 0.05

@@ -19,7 +19,7 @@ from ._errors import ConfigurationError
 
 __all__ = ["REDACTED", "URL_SCHEMES", "check_redis_url", "redact_url"]
 
-URL_SCHEMES: Final = ("redis", "rediss", "unix", "memory", *CLUSTER_SCHEMES)
+URL_SCHEMES: Final = ("redis", "rediss", "unix", "memory", "redis+sentinel", *CLUSTER_SCHEMES)
 _C0_AND_SPACE = "".join(map(chr, range(33)))
 
 REDACTED: Final = "***"
@@ -53,7 +53,9 @@ _SHOWN_QUERY_PARAMS = frozenset(
 """Query parameters whose values are shown. redis-py passes *every* query parameter to the
 connection as a keyword (``password``, ``username``, ``ssl_password``, ...), so any other
 parameter is treated as a secret: an allow list, not a deny list."""
-_NAMED_SECRET_PARAMS = frozenset({"password", "username", "user", "ssl_password"})
+_NAMED_SECRET_PARAMS = frozenset(
+    {"password", "username", "user", "ssl_password", "sentinel_password", "sentinel_username"}
+)
 """Secret query parameters shown by name with a redacted value (``password=***``)."""
 _SHOWN_VALUE = re.compile(r"[A-Za-z0-9_.,:/+-]*")
 
@@ -79,7 +81,9 @@ def redact_url(url: str) -> str:
     authority, tail = rest[:end], rest[end:].partition("#")[0]
     path, has_query, query = tail.partition("?")
     _, at, host = authority.rpartition("@")
-    if not _host_parses(scheme, host) or "@" in rest[end:]:
+    # The Sentinel form lists several hosts, separated by commas.
+    hosts = host.split(",") if scheme == "redis+sentinel" else [host]
+    if not all(_host_parses(scheme, one) for one in hosts) or "@" in rest[end:]:
         return f"{scheme}://{REDACTED}"
     shown = f"{scheme}://{REDACTED + '@' if at else ''}{host}{path}"
     if has_query:
@@ -127,12 +131,13 @@ def check_redis_url(url: object) -> None:
         raise ConfigurationError(
             f"redis_url={shown!r} is not supported; use redis://host:port/db, "
             "rediss:// (TLS), unix:///path/to/socket, redis+cluster://host:port,host:port/ "
-            "(Redis Cluster) or memory:// (one process only)",
+            "(Redis Cluster), redis+sentinel://host:26379,host2:26379/service/db (Sentinel) "
+            "or memory:// (one process only)",
             field="redis_url",
         )
     assert isinstance(url, str)
-    if scheme == "memory":
-        return
+    if scheme in ("memory", "redis+sentinel"):
+        return  # a Sentinel URL is not redis-py's: _sentinel.parse_sentinel_url checks it
     cluster = scheme in CLUSTER_SCHEMES
     problem = next(
         filter(None, map(_misread_by_redis_py, seed_urls(url) if cluster else [url])), None

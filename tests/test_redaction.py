@@ -78,6 +78,22 @@ TABLE: dict[str, Row] = {
         shown="unix:///nonexistent/redis.sock?db=0&password=***",
     ),
     "unix-userinfo": Row(f"unix://:{SECRET}@/nonexistent/redis.sock"),
+    "sentinel": Row(
+        f"redis+sentinel://app:{SECRET}@{CLOSED},{CLOSED}/mymaster/0",
+        shown=f"redis+sentinel://***@{CLOSED},{CLOSED}/mymaster/0",
+    ),
+    "sentinel-password": Row(
+        f"redis+sentinel://{CLOSED}/mymaster/2?sentinel_password={SECRET}&sentinel_username=s",
+        shown=f"redis+sentinel://{CLOSED}/mymaster/2?sentinel_password=***&sentinel_username=***",
+    ),
+    "sentinel-slash": Row(
+        f"redis+sentinel://:{HEAD}/{TAIL}@{CLOSED}/mymaster", SPLIT, refused=True
+    ),
+    "sentinel-hash": Row(f"redis+sentinel://:{HEAD}#{TAIL}@{CLOSED}/mymaster", SPLIT, refused=True),
+    "sentinel-no-at": Row(f"redis+sentinel://app:{SECRET}/mymaster", refused=True),
+    "sentinel-query-amp": Row(
+        f"redis+sentinel://{CLOSED}/mymaster?sentinel_password={HEAD}&{TAIL}", SPLIT, refused=True
+    ),
     "none": Row(f"redis://{CLOSED}/0", (), shown=f"redis://{CLOSED}/0"),
 }
 ROWS = [pytest.param(row, id=name) for name, row in TABLE.items()]

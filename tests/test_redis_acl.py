@@ -1,5 +1,6 @@
-"""The minimal ACL documented in docs/redis.md, applied to a real server, on database 1: every
-part of the library works under it (election, release and its notice, claims)."""
+"""The minimal ACL documented in docs/redis.md, applied to a real server, on database 0 and on
+database 1: every part of the library works under it (election, release and its notice,
+claims), and the server logs no refused command."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 from servers import RedisServerFactory
 from waiting import wait_until
 
@@ -25,14 +27,15 @@ def documented_acl(project: str) -> list[str]:
     return line.split()
 
 
-async def test_item12_the_documented_acl_serves_every_call_on_a_non_zero_database(
-    fresh_redis: RedisServerFactory,
+@pytest.mark.parametrize("db", [0, 1])
+async def test_item12_the_documented_acl_serves_every_call(
+    fresh_redis: RedisServerFactory, db: int
 ) -> None:
     server = fresh_redis()
     project = "acl"
     with server.client() as admin:
         admin.execute_command("ACL", "SETUSER", *documented_acl(project))
-    url = f"redis://{project}-jobs:{PASSWORD}@127.0.0.1:{server.port}/1"
+    url = f"redis://{project}-jobs:{PASSWORD}@127.0.0.1:{server.port}/{db}"
     runs: list[str] = []
 
     def node(name: str) -> SingletonJobs:
