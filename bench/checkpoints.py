@@ -50,6 +50,7 @@ HEARTBEAT_S = 10.0
 LOCK_EXPIRY_S = 30.0
 SCRIPT_COMMANDS = frozenset(
     {"get", "set", "pexpire", "pttl", "time", "del", "publish"}  # ELECT, CLAIM, RELEASE
+    | {"hlen", "hexists", "zadd", "zrangebyscore"}  # ELECT: controls and membership
     | {"type", "hget", "hmget", "hincrby", "hset", "hdel"}  # RECORD_RUN, SAVE_STATE
 )
 """Commands that only the library's scripts run (inside Redis); ``HGETALL`` is the read at a

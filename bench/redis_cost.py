@@ -24,7 +24,12 @@ JOB_COUNTS = (1, 10, 100, 1000)
 HEARTBEAT_S = 0.25
 LOCK_EXPIRY_S = 1.0
 DEFAULT_HEARTBEAT_S = 3.0
-SCRIPT_COMMANDS = {"get", "set", "pexpire", "pttl", "time", "del", "publish"}
+SCRIPT_COMMANDS = {"get", "set", "pexpire", "pttl", "time", "del", "publish"} | {
+    "hlen",  # ELECT reads the controls, keeps the membership record and its expiry
+    "hexists",
+    "zadd",
+    "zrangebyscore",
+}
 OWN_COMMANDS = ("info", "config", "memory", "flushall", "dbsize")
 
 

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import httpx
 import pytest
+from fake_nodes import kill, stop
 from fastapi import Depends, FastAPI, Header, HTTPException
 from openapi_spec_validator import validate
 
@@ -92,16 +93,20 @@ async def test_cluster_status_is_the_same_from_every_node_and_before_startup(
     assert all(n.version and n.expires_in_s > 0 for n in view.nodes)
 
 
-async def test_a_stopped_node_leaves_the_view_after_its_record_expires(
+async def test_a_stopped_node_leaves_the_view_at_once_and_a_dead_one_at_expiry(
     pair: Pair, clock: FakeClock
 ) -> None:
     a, b, _ = pair
-    await b.stop()
-    await clock.advance(LOCK_EXPIRY_S + 2 * HEARTBEAT_S)
+    await stop(b, clock)
     assert [n.node_id for n in (await a.cluster_status()).nodes] == ["a"]
     await b.start()  # the fixture stops it again
     await clock.advance(HEARTBEAT_S)
     assert [n.node_id for n in (await a.cluster_status()).nodes] == ["a", "b"]
+    kill(b)  # nothing deleted: its record stays until it expires
+    await clock.advance(LOCK_EXPIRY_S - HEARTBEAT_S)
+    assert [n.node_id for n in (await a.cluster_status()).nodes] == ["a", "b"]
+    await clock.advance(2 * HEARTBEAT_S)
+    assert [n.node_id for n in (await a.cluster_status()).nodes] == ["a"]
 
 
 async def test_pause_from_a_follower_stops_new_runs_until_resumed(
