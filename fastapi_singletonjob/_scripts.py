@@ -26,14 +26,14 @@ __all__ = ["CLAIM", "CONTROL", "ELECT", "RECORD_RUN", "RELEASE", "SAVE_STATE"]
 #              not changed: then only its expiry is pushed back
 # ARGV[3]    - how long the membership record lives without a renewal, in milliseconds, or ""
 #              for a caller without a record (nothing of the membership is read or written)
-# ARGV[4]    - the names of the caller's jobs, in order, separated by "\n"
-# ARGV[3i+2] - lease time of job i, in milliseconds
-# ARGV[3i+3] - the exact lock value the caller holds for job i in its current term, or "" (the
+# ARGV[4i]   - lease time of job i, in milliseconds
+# ARGV[4i+1] - the exact lock value the caller holds for job i in its current term, or "" (the
 #              caller sends "" for a value this library does not write: such a value is never
 #              the caller's, and "" itself is never renewed)
-# ARGV[3i+4] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
+# ARGV[4i+2] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
 #              the caller holds the lock, its checkpoint's expiry is pushed back to it, so that
 #              only the record of a job that no node leads any more expires
+# ARGV[4i+3] - the name of job i (to find its controls)
 #
 # Returns first 1 when the caller's membership record is stored, 0 when ARGV[2] was "" and the
 # record is missing (expired, or Redis lost it): the caller sends it whole on its next call.
@@ -45,6 +45,8 @@ __all__ = ["CLAIM", "CONTROL", "ELECT", "RECORD_RUN", "RELEASE", "SAVE_STATE"]
 #   the lock's remaining time to live in milliseconds (-1: no expiry, or an error);
 #   the job's controls as bits: 1 paused; 2 an extra run asked for, and 4 a step-down asked
 #   for, both consumed (deleted) by this call, and only ever reported to the lock's holder.
+#   The controls hash is read once (HLEN, then HGETALL only when it is not empty): without any
+#   control, a job costs what it cost before controls existed.
 #
 # Only the exact value of the caller's current term is renewed: a lock of the caller's that
 # outlived a term the caller already ended (a lost reply) is left to expire, so that a node
@@ -73,21 +75,23 @@ if ARGV[3] ~= '' then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
   end
 end
-local controls = {}
+local controls = nil
 if redis.call('HLEN', KEYS[3]) > 0 then
+  controls = {}
   local flat = redis.call('HGETALL', KEYS[3])
   for i = 1, #flat, 2 do
-    controls[flat[i]] = true
+    local kind, job = string.match(flat[i], '^([^:]+):(.*)$')
+    if kind then
+      controls[job] = controls[job] or {}
+      controls[job][kind] = true
+    end
   end
-end
-local names = {}
-for name in string.gmatch(ARGV[4], '[^\\n]+') do
-  table.insert(names, name)
 end
 local out = {member}
 for i = 1, (#KEYS - 3) / 3 do
   local lock, fence, checkpoint = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
-  local ttl, held, retention = ARGV[3 * i + 2], ARGV[3 * i + 3], ARGV[3 * i + 4]
+  local ttl, held = ARGV[4 * i], ARGV[4 * i + 1]
+  local retention, name = ARGV[4 * i + 2], ARGV[4 * i + 3]
   local status, value, left = 0, redis.call('GET', lock), nil
   if value then
     if held ~= '' and value == held then
@@ -111,16 +115,17 @@ for i = 1, (#KEYS - 3) / 3 do
   if status == 1 and retention ~= '' then
     redis.call('PEXPIRE', checkpoint, retention)
   end
-  local flags, name = 0, names[i]
-  if controls['paused:' .. name] then
-    flags = 1
-  end
-  if status == 1 then
-    if controls['trigger:' .. name] then
+  local flags = 0
+  local asked = controls and controls[name]  -- almost always nil: no control at all
+  if asked then
+    if asked['paused'] then
+      flags = 1
+    end
+    if status == 1 and asked['trigger'] then
       redis.call('HDEL', KEYS[3], 'trigger:' .. name)
       flags = flags + 2
     end
-    if controls['step-down:' .. name] then
+    if status == 1 and asked['step-down'] then
       redis.call('HDEL', KEYS[3], 'step-down:' .. name)
       flags = flags + 4
     end
