@@ -263,3 +263,38 @@ def test_openapi_schema_with_both_routers_is_valid(clock: FakeClock) -> None:
     for action in ("pause", "resume", "trigger", "step-down"):
         assert set(schema["paths"][f"/sj/jobs/{{name}}/{action}"]) == {"post"}
     assert set(schema["paths"]["/sj/cluster"]) == {"get"}
+
+
+async def test_step_down_waits_for_the_run_in_flight(clock: FakeClock) -> None:
+    url = f"memory://ops-inflight-{id(clock)}"
+    spans: list[tuple[str, float, float]] = []
+
+    def slow_node(node_id: str) -> SingletonJobs:
+        jobs = node(clock, url, node_id, [])
+
+        @jobs.interval("slow", every=1.0)
+        async def slow() -> None:
+            start = clock.monotonic()
+            await clock.sleep(5.0)
+            spans.append((node_id, start, clock.monotonic()))
+
+        return jobs
+
+    a, b = slow_node("a"), slow_node("b")
+    await a.start()
+    await clock.advance(0.5)
+    await b.start()
+    try:
+        await clock.advance(1.0)  # a's first run of slow is in flight until 5 s
+        await b.step_down("slow")
+        await clock.advance(2.0)
+        assert leader(await b.cluster_status(), "slow") == "a", "not in the middle of a run"
+        await clock.advance(5.0)
+        assert leader(await b.cluster_status(), "slow") == "b"
+        await clock.advance(10.0)
+    finally:
+        await stop(b, clock)
+        await stop(a, clock)
+    runs = sorted(spans, key=lambda x: x[1])
+    assert runs[0][0] == "a" and {x[0] for x in runs[1:]} == {"b"}
+    assert all(x[2] <= y[1] for x, y in zip(runs, runs[1:], strict=False)), "no overlap"
