@@ -50,6 +50,7 @@ HEARTBEAT_S = 10.0
 LOCK_EXPIRY_S = 30.0
 SCRIPT_COMMANDS = frozenset(
     {"get", "set", "pexpire", "pttl", "time", "del", "publish"}  # ELECT, CLAIM, RELEASE
+    | {"hlen", "hexists", "zadd", "zrangebyscore"}  # ELECT: controls and membership
     | {"type", "hget", "hmget", "hincrby", "hset", "hdel"}  # RECORD_RUN, SAVE_STATE
     | {"hlen", "hexists", "hsetnx", "zadd", "zrangebyscore", "zremrangebyscore"}  # ELECT
 )

@@ -75,6 +75,11 @@ class ControlStore(Protocol):
         election; True when it changed."""
         ...
 
+    async def leave(self) -> None:
+        """Delete this node's membership record (a graceful shutdown): it leaves the cluster
+        view at once instead of one lock expiry later."""
+        ...
+
     async def read_cluster(
         self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> ClusterData:
@@ -107,6 +112,7 @@ class RedisControls:
     """The operators' methods of ``RedisLeaseStore``, on the claims' pool."""
 
     _claims: Redis
+    _redis: Redis
     _project: str
     _channel: str
     membership: Membership | None = None
@@ -126,6 +132,19 @@ class RedisControls:
         keys = [_keys.controls_key(self._project)]
         call = self._control_script(keys=keys, args=[self._channel, field, value or ""])
         return int(await asyncio.wait_for(call, timeout_s)) == 1
+
+    async def leave(self) -> None:
+        """See ``ControlStore.leave``: one pipeline, on the election's connections."""
+        if self.membership is None:
+            return
+        owner = self.membership.record.owner
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hdel(_keys.members_key(self._project), owner)
+            pipe.zrem(_keys.member_expiry_key(self._project), owner)
+            pipe.hdel(_keys.placement_key(self._project), owner)
+            pipe.hincrby(_keys.placement_key(self._project), "#epoch", 1)
+            await pipe.execute()
+        self.membership.confirmed(False)
 
     async def read_cluster(
         self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
@@ -207,6 +226,17 @@ class MemoryControls:
         for listener in list(self._data.listeners):
             listener()
         return changed
+
+    async def leave(self) -> None:
+        """See ``ControlStore.leave``."""
+        await asyncio.sleep(0)
+        if self.membership is not None:
+            key = self._control_key(self.membership.record.owner)
+            self._data.members.pop(key, None)
+            if self._data.joined.pop(key, None) is not None:
+                epochs = self._data.epochs
+                epochs[self._project] = epochs.get(self._project, 0) + 1
+            self.membership.confirmed(False)
 
     def _keep_member(self, owner: str) -> None:
         """The membership part of one ``elect`` call, placement included."""

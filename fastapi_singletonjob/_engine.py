@@ -31,7 +31,7 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ._aio import abort_all, cancel_and_wait, wait_all
+from ._aio import abort_all, cancel_and_wait, wait_all, within
 from ._backend import Store
 from ._checkpoint import DEFAULT_MAX_STATE_BYTES
 from ._clock import Clock
@@ -51,6 +51,8 @@ logger = logging.getLogger("fastapi_singletonjob")
 
 CANCEL_GRACE_S = 5.0
 """Longest wait for cancelled runs to end at shutdown before giving up on them."""
+LEAVE_TIMEOUT_S = 1.0
+"""Longest wait for the membership record's deletion at shutdown (it expires anyway)."""
 
 
 class EngineState(str, enum.Enum):
@@ -182,7 +184,9 @@ class Engine:
         try:
             elector = self.elector
             self.telemetry.register(
-                list(self.runners), lambda: [(job, elector.is_leader(job)) for job in self.runners]
+                list(self.runners),
+                lambda: [(job, elector.is_leader(job)) for job in self.runners],
+                lambda: [(job, lease.paused) for job, lease in elector.leases.items()],
             )
             stack.callback(self.telemetry.unregister)
             ready = asyncio.Event()
@@ -258,7 +262,18 @@ class Engine:
         if self._election is not None:
             await cancel_and_wait(self._election)
         await self.elector.release([name for name in runs if name not in stuck])
+        await self._leave()
         await self._close()
+
+    async def _leave(self) -> None:
+        """Leave the membership at once (else the record expires one lock expiry later)."""
+        leave = getattr(self.store, "leave", None)
+        if leave is None:  # a test double
+            return
+        try:
+            await within(leave(), LEAVE_TIMEOUT_S)
+        except Exception as exc:  # it expires on its own
+            logger.debug("node %s could not leave the membership: %r", self.settings.node_id, exc)
 
     async def _drain(self, runs: dict[str, asyncio.Task[None]]) -> list[str]:
         """Wait for ``runs``, releasing each job's lock as its run ends; cancel those still

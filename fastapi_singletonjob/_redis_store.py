@@ -165,7 +165,6 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
             node_id,
             "" if member is None else member.payload(),
             "" if member is None else member.ttl_ms,
-            "\n".join(request.job for request in requests),
             "" if member is None else member.epoch,
             "" if member is None else member.digest,
         ]
@@ -182,6 +181,7 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
                 max(1, round(request.ttl_s * 1000)) if request.take else 0,
                 held or "",
                 "" if retention is None else max(1, round(retention * 1000)),
+                request.job,
             )
         try:
             raw: list[Any] = await self._elect(keys=keys, args=args)

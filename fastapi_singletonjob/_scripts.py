@@ -37,17 +37,17 @@ __all__ = [
 #              not changed: then only its expiry is pushed back
 # ARGV[3]    - how long the membership record lives without a renewal, in milliseconds, or ""
 #              for a caller without a record (nothing of the membership is read or written)
-# ARGV[4]    - the names of the caller's jobs, in order, separated by "\n"
-# ARGV[5]    - the placement epoch the caller knows ("" for none)
-# ARGV[6]    - the digest of the caller's jobs (which nodes run the same jobs)
-# ARGV[3i+4] - lease time of job i, in milliseconds, or "0" to look at the lock without taking
+# ARGV[4]    - the placement epoch the caller knows ("" for none)
+# ARGV[5]    - the digest of the caller's jobs (which nodes run the same jobs)
+# ARGV[4i+2] - lease time of job i, in milliseconds, or "0" to look at the lock without taking
 #              it when it is free (placement: another node is preferred for it)
-# ARGV[3i+5] - the exact lock value the caller holds for job i in its current term, or "" (the
+# ARGV[4i+3] - the exact lock value the caller holds for job i in its current term, or "" (the
 #              caller sends "" for a value this library does not write: such a value is never
 #              the caller's, and "" itself is never renewed)
-# ARGV[3i+6] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
+# ARGV[4i+4] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
 #              the caller holds the lock, its checkpoint's expiry is pushed back to it, so that
 #              only the record of a job that no node leads any more expires
+# ARGV[4i+5] - the name of job i (to find its controls)
 #
 # Returns first 1 when the caller's membership record is stored, 0 when ARGV[2] was "" and the
 # record is missing (expired, or Redis lost it): the caller sends it whole on its next call.
@@ -59,7 +59,9 @@ __all__ = [
 #   the lock's remaining time to live in milliseconds (-1: no expiry, or an error);
 #   the job's controls as bits: 1 paused; 2 an extra run asked for, and 4 a step-down asked
 #   for, both consumed (deleted) by this call, and only ever reported to the lock's holder.
-# Then the server time in ms and the placement epoch; and, when that epoch is not ARGV[5] and
+#   The controls hash is read once (HLEN, then HGETALL only when it is not empty): without any
+#   control, a job costs what it cost before controls existed.
+# Then the server time in ms and the placement epoch; and, when that epoch is not ARGV[4] and
 # the caller keeps a membership record, the placement hash's fields and values, flat.
 #
 # Only the exact value of the caller's current term is renewed: a lock of the caller's that
@@ -83,7 +85,7 @@ if ARGV[3] ~= '' then
     member = 0
   end
   redis.pcall('ZADD', KEYS[2], now_ms + tonumber(ARGV[3]), owner)
-  if redis.pcall('HSETNX', KEYS[4], owner, now_ms .. '|' .. ARGV[6]) == 1 then
+  if redis.pcall('HSETNX', KEYS[4], owner, now_ms .. '|' .. ARGV[5]) == 1 then
     redis.pcall('HINCRBY', KEYS[4], '#epoch', 1)
   end
   local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now_ms)
@@ -94,21 +96,23 @@ if ARGV[3] ~= '' then
     redis.pcall('HINCRBY', KEYS[4], '#epoch', 1)
   end
 end
-local controls = {}
+local controls = nil
 if redis.call('HLEN', KEYS[3]) > 0 then
+  controls = {}
   local flat = redis.call('HGETALL', KEYS[3])
   for i = 1, #flat, 2 do
-    controls[flat[i]] = true
+    local kind, job = string.match(flat[i], '^([^:]+):(.*)$')
+    if kind then
+      controls[job] = controls[job] or {}
+      controls[job][kind] = true
+    end
   end
-end
-local names = {}
-for name in string.gmatch(ARGV[4], '[^\\n]+') do
-  table.insert(names, name)
 end
 local out = {member}
 for i = 1, (#KEYS - 4) / 3 do
   local lock, fence, checkpoint = KEYS[3 * i + 2], KEYS[3 * i + 3], KEYS[3 * i + 4]
-  local ttl, held, retention = ARGV[3 * i + 4], ARGV[3 * i + 5], ARGV[3 * i + 6]
+  local ttl, held = ARGV[4 * i + 2], ARGV[4 * i + 3]
+  local retention, name = ARGV[4 * i + 4], ARGV[4 * i + 5]
   local status, value, left = 0, redis.call('GET', lock), nil
   if not value and ttl == '0' then
     value, left = false, -2
@@ -134,16 +138,17 @@ for i = 1, (#KEYS - 4) / 3 do
   if status == 1 and retention ~= '' then
     redis.call('PEXPIRE', checkpoint, retention)
   end
-  local flags, name = 0, names[i]
-  if controls['paused:' .. name] then
-    flags = 1
-  end
-  if status == 1 then
-    if controls['trigger:' .. name] then
+  local flags = 0
+  local asked = controls and controls[name]  -- almost always nil: no control at all
+  if asked then
+    if asked['paused'] then
+      flags = 1
+    end
+    if status == 1 and asked['trigger'] then
       redis.call('HDEL', KEYS[3], 'trigger:' .. name)
       flags = flags + 2
     end
-    if controls['step-down:' .. name] then
+    if status == 1 and asked['step-down'] then
       redis.call('HDEL', KEYS[3], 'step-down:' .. name)
       flags = flags + 4
     end
@@ -156,7 +161,7 @@ end
 local epoch = redis.call('HGET', KEYS[4], '#epoch') or '0'
 table.insert(out, now_ms)
 table.insert(out, epoch)
-if ARGV[3] ~= '' and epoch ~= ARGV[5] then
+if ARGV[3] ~= '' and epoch ~= ARGV[4] then
   for _, item in ipairs(redis.call('HGETALL', KEYS[4])) do
     table.insert(out, item)
   end

@@ -13,6 +13,7 @@ instrument                                 kind       unit     attributes
 ``singletonjob.tick.lateness``             histogram  s        job
 ``singletonjob.ticks.dropped``             counter    {tick}   job, reason
 ``singletonjob.leader``                    gauge      1        job
+``singletonjob.paused``                    gauge      1        job
 ``singletonjob.leadership.changes``        counter    {change} job, change
 ``singletonjob.leaderless.duration``       histogram  s        job
 ``singletonjob.election.duration``         histogram  s        (none)
@@ -129,6 +130,19 @@ class _Instruments:
             unit="1",
             description="1 while this node leads the job, else 0.",
         )
+        meter.create_observable_gauge(
+            "singletonjob.paused",
+            callbacks=[self._observe_paused],
+            unit="1",
+            description="1 while an operator has paused the job (jobs.pause), else 0.",
+        )
+
+    def _observe_paused(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(int(paused), {ATTR_JOB: job})
+            for source in list(self.sources)
+            for job, paused in source.paused()
+        ]
 
     def _observe_leaders(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
@@ -193,13 +207,19 @@ class Telemetry:
         self.election_failures = instruments.election_failures
         self.leading: Callable[[], Iterable[tuple[str, bool]]] = _nobody_leads
         """(job, leads) of every job of the running engine, for the leader gauge."""
+        self.paused: Callable[[], Iterable[tuple[str, bool]]] = _nobody_leads
+        """(job, paused) of every job of the running engine, for the paused gauge."""
 
     def register(
-        self, jobs: Sequence[str], leading: Callable[[], Iterable[tuple[str, bool]]]
+        self,
+        jobs: Sequence[str],
+        leading: Callable[[], Iterable[tuple[str, bool]]],
+        paused: Callable[[], Iterable[tuple[str, bool]]] = lambda: (),
     ) -> None:
         """Start every per-job series at zero, so that dashboards show zeros, not gaps."""
         self._detect()
         self.leading = leading
+        self.paused = paused
         self._sources.add(self)
         if not self.metering:
             return
@@ -214,7 +234,7 @@ class Telemetry:
     def unregister(self) -> None:
         """The engine stopped: the leader gauge no longer reports (nor holds) it."""
         self._sources.discard(self)
-        self.leading = _nobody_leads
+        self.leading = self.paused = _nobody_leads
 
     # -- runs -------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import httpx
 import pytest
+from fake_nodes import kill, stop
 from fastapi import Depends, FastAPI, Header, HTTPException
 from openapi_spec_validator import validate
 
@@ -93,16 +94,20 @@ async def test_cluster_status_is_the_same_from_every_node_and_before_startup(
     assert all(n.version and n.expires_in_s > 0 for n in view.nodes)
 
 
-async def test_a_stopped_node_leaves_the_view_after_its_record_expires(
+async def test_a_stopped_node_leaves_the_view_at_once_and_a_dead_one_at_expiry(
     pair: Pair, clock: FakeClock
 ) -> None:
     a, b, _ = pair
-    await b.stop()
-    await clock.advance(LOCK_EXPIRY_S + 2 * HEARTBEAT_S)
+    await stop(b, clock)
     assert [n.node_id for n in (await a.cluster_status()).nodes] == ["a"]
     await b.start()  # the fixture stops it again
     await clock.advance(HEARTBEAT_S)
     assert [n.node_id for n in (await a.cluster_status()).nodes] == ["a", "b"]
+    kill(b)  # nothing deleted: its record stays until it expires
+    await clock.advance(LOCK_EXPIRY_S - HEARTBEAT_S)
+    assert [n.node_id for n in (await a.cluster_status()).nodes] == ["a", "b"]
+    await clock.advance(2 * HEARTBEAT_S)
+    assert [n.node_id for n in (await a.cluster_status()).nodes] == ["a"]
 
 
 async def test_pause_from_a_follower_stops_new_runs_until_resumed(
@@ -259,3 +264,38 @@ def test_openapi_schema_with_both_routers_is_valid(clock: FakeClock) -> None:
     for action in ("pause", "resume", "trigger", "step-down"):
         assert set(schema["paths"][f"/sj/jobs/{{name}}/{action}"]) == {"post"}
     assert set(schema["paths"]["/sj/cluster"]) == {"get"}
+
+
+async def test_step_down_waits_for_the_run_in_flight(clock: FakeClock) -> None:
+    url = f"memory://ops-inflight-{id(clock)}"
+    spans: list[tuple[str, float, float]] = []
+
+    def slow_node(node_id: str) -> SingletonJobs:
+        jobs = node(clock, url, node_id, [])
+
+        @jobs.interval("slow", every=1.0)
+        async def slow() -> None:
+            start = clock.monotonic()
+            await clock.sleep(5.0)
+            spans.append((node_id, start, clock.monotonic()))
+
+        return jobs
+
+    a, b = slow_node("a"), slow_node("b")
+    await a.start()
+    await clock.advance(0.5)
+    await b.start()
+    try:
+        await clock.advance(1.0)  # a's first run of slow is in flight until 5 s
+        await b.step_down("slow")
+        await clock.advance(2.0)
+        assert leader(await b.cluster_status(), "slow") == "a", "not in the middle of a run"
+        await clock.advance(5.0)
+        assert leader(await b.cluster_status(), "slow") == "b"
+        await clock.advance(10.0)
+    finally:
+        await stop(b, clock)
+        await stop(a, clock)
+    runs = sorted(spans, key=lambda x: x[1])
+    assert runs[0][0] == "a" and {x[0] for x in runs[1:]} == {"b"}
+    assert all(x[2] <= y[1] for x, y in zip(runs, runs[1:], strict=False)), "no overlap"

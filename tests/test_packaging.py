@@ -87,7 +87,9 @@ def test_wheel_holds_exactly_the_package_and_its_metadata(dist_dir: Path) -> Non
     version = fastapi_singletonjob.__version__
     assert wheel.name == f"{PACKAGE}-{version}-py3-none-any.whl"
     dist_info = f"{PACKAGE}-{version}.dist-info"
-    meta_files = {f"{dist_info}/{name}" for name in ("METADATA", "WHEEL", "RECORD")}
+    meta_files = {
+        f"{dist_info}/{name}" for name in ("METADATA", "WHEEL", "RECORD", "entry_points.txt")
+    }
     expected = package_files() | meta_files | {f"{dist_info}/licenses/LICENSE"}
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
@@ -95,12 +97,16 @@ def test_wheel_holds_exactly_the_package_and_its_metadata(dist_dir: Path) -> Non
         assert sorted(expected - names) == [], "files missing from the wheel"
         metadata = HeaderParser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
         license_text = archive.read(f"{dist_info}/licenses/LICENSE").decode()
+        entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
 
     assert metadata["Name"] == "fastapi-singletonjob"
     assert metadata["Version"] == version
     assert metadata["License-Expression"] == "MIT"
     assert metadata.get_all("License-File") == ["LICENSE"]
     assert license_text == (ROOT / "LICENSE").read_text(encoding="utf-8")
+    # The one console script: the operators' command (docs/operations.md).
+    assert "[console_scripts]" in entry_points
+    assert "singletonjob = fastapi_singletonjob._cli:main" in entry_points
 
 
 def test_sdist_holds_the_license_readme_and_changelog(dist_dir: Path) -> None:

@@ -64,5 +64,13 @@ async def test_item12_the_documented_acl_serves_every_call(
         count = len(runs)
         await wait_until(lambda: len(runs) > count, 3.0, "a run on the new leader")
         assert follower.status().store.error is None
+        # The operators' calls and the cluster view, under the same rules.
+        await leader.pause("every-second")
+        await wait_until(lambda: follower.status().jobs[0].paused, 2.0, "paused")
+        await leader.resume("every-second")
+        await follower.trigger("every-second")
+        await follower.step_down("every-second")
+        view = await leader.cluster_status()
+        assert [n.node_id for n in view.nodes] == [follower.node_id]
     with server.client() as admin:
         assert admin.execute_command("ACL", "LOG") == [], "no command was refused"

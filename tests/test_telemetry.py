@@ -317,3 +317,23 @@ async def test_a_stopped_engine_is_not_held_by_the_global_meter_provider() -> No
     gc.collect()
     assert [ref() for ref in engines] == [None, None, None]
     assert meters() == before
+
+
+async def test_paused_gauge_follows_pause_and_resume(
+    make: Factory, clock: FakeClock, otel: Otel
+) -> None:
+    jobs = make()
+
+    @jobs.cron("report", "0 3 * * *")
+    async def report() -> None:
+        pass
+
+    await jobs.start()
+    await clock.advance(0.1)
+    assert otel.value("singletonjob.paused", **{"singletonjob.job": "report"}) == 0
+    await jobs.pause("report")
+    await clock.settle()  # the notice wakes the election: one round
+    assert otel.value("singletonjob.paused", **{"singletonjob.job": "report"}) == 1
+    await jobs.resume("report")
+    await clock.settle()
+    assert otel.value("singletonjob.paused", **{"singletonjob.job": "report"}) == 0
