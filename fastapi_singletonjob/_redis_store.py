@@ -190,17 +190,12 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """See ``LeaseStore.elect``: one ``EVALSHA`` for all jobs."""
-        member = self.membership
-        keys: list[str] = [
-            _keys.members_key(self._project),
-            _keys.member_expiry_key(self._project),
-            _keys.controls_key(self._project),
-        ]
-        args: list[str | int] = [
-            node_id,
-            "" if member is None else member.payload(),
-            "" if member is None else member.ttl_ms,
-        ]
+        member, project = self.membership, self._project
+        keys = [_keys.members_key(project), _keys.member_expiry_key(project)]
+        keys.append(_keys.controls_key(project))
+        args: list[str | int] = [node_id, "", ""]  # without a membership record
+        if member is not None:
+            args[1:] = [member.payload(), member.ttl_ms]
         for request in requests:
             keys += (
                 _keys.lock_key(self._project, request.job),
