@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, Field
+from redis.exceptions import RedisError
 
 from ._errors import JobNotFound
 
@@ -57,7 +58,7 @@ def _add_action(
             await call(name)
         except JobNotFound as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-        except (ConnectionError, OSError, TimeoutError) as exc:
+        except (RedisError, OSError, TimeoutError) as exc:
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis did not answer: {type(exc).__name__}"
             ) from None
