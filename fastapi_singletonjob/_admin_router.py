@@ -8,6 +8,7 @@ authentication, for example::
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
@@ -58,7 +59,7 @@ def _add_action(
             await call(name)
         except JobNotFound as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis did not answer: {type(exc).__name__}"
             ) from None

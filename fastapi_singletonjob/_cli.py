@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except JobNotFound as exc:
         _say(sys.stderr, f"singletonjob: {exc}")
         return EXIT_NO_JOB
-    except (RedisError, OSError, TimeoutError) as exc:
+    except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
         _say(
             sys.stderr,
             f"singletonjob: Redis at {jobs.store_description} did not answer: "

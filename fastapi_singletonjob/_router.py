@@ -8,6 +8,7 @@ where it is included::
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -82,7 +83,7 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
         every replica. Read-only; the actions are on `jobs.admin_router`."""
         try:
             return await jobs.cluster_status()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis did not answer: {type(exc).__name__}"
             ) from None
