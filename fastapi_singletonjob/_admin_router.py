@@ -8,11 +8,13 @@ authentication, for example::
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, Field
+from redis.exceptions import RedisError
 
 from ._errors import JobNotFound
 
@@ -57,7 +59,7 @@ def _add_action(
             await call(name)
         except JobNotFound as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-        except (ConnectionError, OSError, TimeoutError) as exc:
+        except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis did not answer: {type(exc).__name__}"
             ) from None

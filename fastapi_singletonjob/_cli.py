@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -105,10 +106,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return asyncio.run(_run(jobs, args, out))
     except KeyboardInterrupt:
         return EXIT_OK
+    except BrokenPipeError:  # the reader went away (`singletonjob watch --json | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as Python's docs do
+        return EXIT_OK
     except JobNotFound as exc:
         _say(sys.stderr, f"singletonjob: {exc}")
         return EXIT_NO_JOB
-    except (RedisError, OSError, TimeoutError) as exc:
+    except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
         _say(
             sys.stderr,
             f"singletonjob: Redis at {jobs.store_description} did not answer: "

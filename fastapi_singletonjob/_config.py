@@ -17,11 +17,12 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Final, Literal
+from typing import Final
 
 from ._checkpoint import DEFAULT_CHECKPOINT_RETENTION_S
 from ._election import lease_deadline
 from ._errors import ConfigurationError
+from ._placement import PlacementName, parse_placement
 from ._redact import check_redis_url, redact_url
 from ._sentinel import is_sentinel_url, parse_sentinel_url
 
@@ -180,7 +181,7 @@ class Settings:
     """The pid that generated a default node id (None when it was configured)."""
     checkpoint_retention_s: float = DEFAULT_CHECKPOINT_RETENTION_S
     """How long a job's checkpoint outlives the last renewal of its lock by any node."""
-    placement: Placement = "spread"
+    placement: PlacementName = "spread"
     """How leadership is placed: spread over the live nodes, or first come (``_placement``)."""
 
     @classmethod
@@ -276,7 +277,7 @@ class Settings:
                 pick(checkpoint_retention, "checkpoint_retention", DEFAULT_CHECKPOINT_RETENTION_S),
                 expiry_s,
             )
-            placed = _placement(placement if placement is not None else from_env("placement"))
+            placed = parse_placement(placement if placement is not None else from_env("placement"))
         except ConfigurationError as error:
             raise _naming_the_variables(error, read) from None
         return cls(
@@ -312,24 +313,6 @@ class Settings:
             f"checkpoint_retention_s={self.checkpoint_retention_s!r}, "
             f"placement={self.placement!r})"
         )
-
-
-Placement = Literal["spread", "first"]
-PLACEMENTS: tuple[Placement, ...] = ("spread", "first")
-
-
-def _placement(value: str | None) -> Placement:
-    if value is None:
-        return "spread"
-    for known in PLACEMENTS:
-        if value == known:
-            return known
-    raise ConfigurationError(
-        f"placement={value!r} is not a placement; use placement='spread' (leadership spread "
-        "over the live replicas, the default) or placement='first' (the first node to ask "
-        "leads)",
-        field="placement",
-    )
 
 
 def _check_url(url: str) -> None:

@@ -23,17 +23,44 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from ._errors import ConfigurationError
 from ._lease import Lease, node_of
 
 if TYPE_CHECKING:
     from ._clock import Clock
     from ._membership import Membership
 
-__all__ = ["Candidate", "Placement", "Spreader", "rank"]
+__all__ = [
+    "PLACEMENTS",
+    "Candidate",
+    "Placement",
+    "PlacementName",
+    "Spreader",
+    "parse_placement",
+    "rank",
+]
 
 DEFAULT_MOVES_PER_ROUND = 2
+
+PlacementName = Literal["spread", "first"]
+PLACEMENTS: tuple[PlacementName, ...] = ("spread", "first")
+
+
+def parse_placement(value: str | None) -> PlacementName:
+    """The ``placement`` setting, checked (None: the default, ``spread``)."""
+    if value is None:
+        return "spread"
+    for known in PLACEMENTS:
+        if value == known:
+            return known
+    raise ConfigurationError(
+        f"placement={value!r} is not a placement; use placement='spread' (leadership spread "
+        "over the live replicas, the default) or placement='first' (the first node to ask "
+        "leads)",
+        field="placement",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,7 @@ module created are closed; a client passed in by the user is never closed.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,8 +29,8 @@ from redis.exceptions import (
 )
 
 from . import _keys, _scripts
-from ._batch import Batcher
 from ._checkpoint_store import RedisCheckpoints
+from ._claims import RedisClaims
 from ._control_store import RedisControls
 from ._redact import redact_url
 from ._redis_options import (
@@ -80,7 +78,7 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-class RedisLeaseStore(RedisCheckpoints, RedisControls):
+class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
     """Leases kept in Redis keys (see ``_keys``), changed only by the scripts in ``_scripts``.
 
     :param max_connections: size of the claims' pool (default ``DEFAULT_MAX_CONNECTIONS``);
@@ -154,20 +152,12 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """See ``LeaseStore.elect``: one ``EVALSHA`` for all jobs."""
-        member = self.membership
-        keys: list[str] = [
-            _keys.members_key(self._project),
-            _keys.member_expiry_key(self._project),
-            _keys.controls_key(self._project),
-            _keys.placement_key(self._project),
-        ]
-        args: list[str | int] = [
-            node_id,
-            "" if member is None else member.payload(),
-            "" if member is None else member.ttl_ms,
-            "" if member is None else member.epoch,
-            "" if member is None else member.digest,
-        ]
+        member, project = self.membership, self._project
+        keys = [_keys.members_key(project), _keys.member_expiry_key(project)]
+        keys += [_keys.controls_key(project), _keys.placement_key(project)]
+        args: list[str | int] = [node_id, "", "", "", ""]  # without a membership record
+        if member is not None:
+            args[1:] = [member.payload(), member.ttl_ms, member.epoch, member.digest]
         for request in requests:
             keys += (
                 _keys.lock_key(self._project, request.job),
@@ -236,39 +226,6 @@ class RedisLeaseStore(RedisCheckpoints, RedisControls):
         except ReadOnlyError as exc:
             raise await self._read_only("a read-only replica") from exc
         return int(released)
-
-    async def claim(
-        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
-    ) -> int:
-        """See ``LeaseStore.claim``: one script call, judged on the Redis server's clock,
-        with the claims of other jobs made while this node's previous claim was in flight."""
-        if not is_lock_value(value):
-            return -1
-        reply = await self._claim_batcher.submit(
-            (job, [value, str(instant_us), str(max_ahead_us)]), math.inf
-        )
-        return int(reply)
-
-    @functools.cached_property
-    def _claim_batcher(self) -> Batcher[tuple[str, list[str]], int]:
-        return Batcher(self._claim_all)
-
-    async def _claim_all(
-        self, claims: Sequence[tuple[str, list[str]]], timeout_s: float
-    ) -> list[int]:
-        """One ``CLAIM`` call for ``claims`` (job, ARGV): one reply each. Unbounded, as a
-        claim has always been: the pool's socket timeouts bound it."""
-        keys = [
-            key
-            for job, _ in claims
-            for key in (_keys.lock_key(self._project, job), _keys.last_key(self._project, job))
-        ]
-        args = [arg for _, claim_args in claims for arg in claim_args]
-        try:
-            replies: list[int] = await self._claim(keys=keys, args=args)
-        except ReadOnlyError as exc:
-            raise await self._read_only("a read-only replica") from exc
-        return replies
 
     async def listen_releases(
         self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S

@@ -128,8 +128,12 @@ class Terms:
         self, lease: Lease, reply: LeaseReply, sent_at: float, notice_at: float | None
     ) -> None:
         previous = (lease.observed_at, lease.holder_ttl_s)
+        # A free lock this node only looked at (placement): the last sight of its holder is
+        # kept, for the leaderless estimate of the term that follows.
+        looked = not reply.held and reply.value is None and reply.error is None
         lease.holder, lease.holder_token = node_of(reply.holder), reply.token
-        lease.observed_at = sent_at
+        if not looked or lease.observed_at is None:
+            lease.observed_at = sent_at
         if reply.error is not None and reply.error != lease.acquire_error:
             logger.warning(
                 "node %s could not acquire job %r: %s", self._node_id, lease.job, reply.error
@@ -155,7 +159,8 @@ class Terms:
                 "(the lock still elects only one of them)",
                 self._node_id,
             )
-        lease.holder_ttl_s = reply.ttl_s
+        if not looked:
+            lease.holder_ttl_s = reply.ttl_s
         if lease.token is not None:
             self.end(lease, f"the lock is now held by {lease.holder!r}")
 

@@ -13,6 +13,7 @@ import pytest
 from fake_nodes import kill, stop
 from fastapi import Depends, FastAPI, Header, HTTPException
 from openapi_spec_validator import validate
+from servers import free_port
 
 from fastapi_singletonjob import ClusterStatus, DropReason, JobNotFound, SingletonJobs
 from fastapi_singletonjob.testing import FakeClock
@@ -299,3 +300,21 @@ async def test_step_down_waits_for_the_run_in_flight(clock: FakeClock) -> None:
     runs = sorted(spans, key=lambda x: x[1])
     assert runs[0][0] == "a" and {x[0] for x in runs[1:]} == {"b"}
     assert all(x[2] <= y[1] for x, y in zip(runs, runs[1:], strict=False)), "no overlap"
+
+
+async def test_admin_routes_and_cluster_answer_503_when_redis_does_not() -> None:
+    jobs = SingletonJobs(f"redis://:hunter2@127.0.0.1:{free_port()}/0", project="ops", node_id="a")
+
+    @jobs.interval("sweep", every=10.0)
+    async def sweep() -> None:
+        pass
+
+    app = admin_app(jobs)
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://a") as client:
+        paused = await client.post("/sj/jobs/sweep/pause", headers=headers)
+        view = await client.get("/sj/cluster")
+    for response in (paused, view):
+        assert response.status_code == 503, response.text
+        assert "Redis did not answer" in response.text and "hunter2" not in response.text

@@ -1,0 +1,63 @@
+"""Claims of instants on Redis: ``CLAIM`` calls, coalesced (``_batch``), for ``RedisLeaseStore``."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+from redis.commands.core import AsyncScript
+from redis.exceptions import ReadOnlyError
+
+from . import _keys
+from ._batch import Batcher
+from ._lease import is_lock_value
+from ._store import DEFAULT_MAX_AHEAD_US
+
+if TYPE_CHECKING:
+    from ._store import StoreReadOnly
+
+__all__ = ["RedisClaims"]
+
+
+class RedisClaims:
+    """The ``claim`` method of ``RedisLeaseStore``: one ``CLAIM`` script call, with the
+    claims of other jobs made while this node's previous one was in flight."""
+
+    _project: str
+    _claim: AsyncScript
+    _read_only: Callable[[str], Awaitable[StoreReadOnly]]
+
+    async def claim(
+        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+    ) -> int:
+        """See ``LeaseStore.claim``: one script call, judged on the Redis server's clock,
+        with the claims of other jobs made while this node's previous claim was in flight."""
+        if not is_lock_value(value):
+            return -1
+        reply = await self._claim_batcher.submit(
+            (job, [value, str(instant_us), str(max_ahead_us)]), math.inf
+        )
+        return int(reply)
+
+    @functools.cached_property
+    def _claim_batcher(self) -> Batcher[tuple[str, list[str]], int]:
+        return Batcher(self._claim_all)
+
+    async def _claim_all(
+        self, claims: Sequence[tuple[str, list[str]]], timeout_s: float
+    ) -> list[int]:
+        """One ``CLAIM`` call for ``claims`` (job, ARGV): one reply each. Unbounded, as a
+        claim has always been: the pool's socket timeouts bound it."""
+        keys = [
+            key
+            for job, _ in claims
+            for key in (_keys.lock_key(self._project, job), _keys.last_key(self._project, job))
+        ]
+        args = [arg for _, claim_args in claims for arg in claim_args]
+        try:
+            replies: list[int] = await self._claim(keys=keys, args=args)
+        except ReadOnlyError as exc:
+            raise await self._read_only("a read-only replica") from exc
+        return replies
