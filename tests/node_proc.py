@@ -52,6 +52,7 @@ class Run:
     scheduled: float
     start: float
     end: float | None = None
+    job: str = JOB
 
     def ended_by(self, fallback: float) -> float:
         """The end, or ``fallback`` (when the process died) for a run with none."""
@@ -60,7 +61,7 @@ class Run:
 
 def read_journal(path: Path) -> list[Run]:
     """The runs in one journal, in start order; a run's end line completes its start line."""
-    runs: dict[tuple[str, float], Run] = {}
+    runs: dict[tuple[str, str, float], Run] = {}
     if not path.exists():
         return []
     for line in path.read_text().splitlines():
@@ -68,7 +69,8 @@ def read_journal(path: Path) -> list[Run]:
             continue  # a line still being written
         row = json.loads(line)
         run = Run(row["node"], int(row["token"]), row["scheduled"], row["start"], row["end"])
-        runs[(run.node, run.start)] = run
+        run.job = row.get("job", JOB)
+        runs[(run.node, run.job, run.start)] = run
     return sorted(runs.values(), key=lambda r: r.start)
 
 
@@ -126,6 +128,7 @@ async def serve(
     lock_expiry_s: float = LOCK_EXPIRY_S,
     ready: Path | None = None,
     every_s: float = EVERY_S,
+    job_count: int = 1,
 ) -> None:
     """Run the replica until SIGTERM, then stop gracefully; create ``ready`` once started.
     (The benchmarks run this same replica with their own settings.)"""
@@ -144,9 +147,9 @@ async def serve(
     def write(row: dict[str, object]) -> None:
         os.write(fd, (json.dumps(row) + "\n").encode())  # one write: lines never interleave
 
-    @jobs.fixed_rate(JOB, every=every_s)
     async def tick(ctx: JobContext) -> None:
         row: dict[str, object] = {
+            "job": ctx.job,
             "node": ctx.node_id,
             "token": ctx.fencing_token,
             "scheduled": ctx.scheduled_at.timestamp(),
@@ -156,6 +159,10 @@ async def serve(
         write(row)
         await asyncio.sleep(RUN_S)
         write({**row, "end": now()})
+
+    names = [JOB] if job_count == 1 else [f"{JOB}-{i:02d}" for i in range(job_count)]
+    for name in names:
+        jobs.fixed_rate(name, every=every_s)(tick)
 
     stopping = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
@@ -177,13 +184,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--node", required=True)
     parser.add_argument("--journal", required=True, type=Path)
     parser.add_argument("--every", type=float, default=EVERY_S, help="the job's period, s")
+    parser.add_argument("--jobs", type=int, default=1, help="how many such jobs (tick-00 ...)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format=f"%(created).3f {args.node} %(name)s %(levelname)s %(message)s",
     )
-    asyncio.run(serve(args.url, args.project, args.node, args.journal, every_s=args.every))
+    asyncio.run(
+        serve(
+            args.url,
+            args.project,
+            args.node,
+            args.journal,
+            every_s=args.every,
+            job_count=args.jobs,
+        )
+    )
     return 0
 
 
