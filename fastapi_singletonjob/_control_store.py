@@ -138,6 +138,7 @@ class RedisControls:
         if self.membership is None:
             return
         owner = self.membership.record.owner
+        self.membership.left = True  # before the deletion: no election call writes it back
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hdel(_keys.members_key(self._project), owner)
             pipe.zrem(_keys.member_expiry_key(self._project), owner)
@@ -231,6 +232,7 @@ class MemoryControls:
         """See ``ControlStore.leave``."""
         await asyncio.sleep(0)
         if self.membership is not None:
+            self.membership.left = True
             key = self._control_key(self.membership.record.owner)
             self._data.members.pop(key, None)
             if self._data.joined.pop(key, None) is not None:
@@ -241,7 +243,7 @@ class MemoryControls:
     def _keep_member(self, owner: str) -> None:
         """The membership part of one ``elect`` call, placement included."""
         member = self.membership
-        if member is None:
+        if member is None or member.left:
             return
         now = self._clock.monotonic()
         now_ms = round(self._clock.now().timestamp() * 1000)

@@ -25,7 +25,7 @@ from ._placement import Spreader
 from ._store import LeaseReply, LeaseRequest, LeaseStore
 from ._telemetry import Telemetry
 from ._terms import Terms
-from ._timing import WATCH_STEP_S, lease_deadline, next_attempt_delay
+from ._timing import WATCH_STEP_S, asks_about, lease_deadline, next_attempt_delay, soonest_end_s
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_US = timedelta(microseconds=1)
@@ -79,6 +79,9 @@ class Elector:
         self.last_round_at: float | None = None
         """Monotonic time the loop last finished a round (alive or not, it came back)."""
         self.round_trip_s: float | None = None
+        self._full_round = True
+        """Ask about every job in the next round (the first, and the one after a notice)."""
+        self._next_full_at = float("-inf")
         self._spread = (
             Spreader(
                 node_id,
@@ -128,6 +131,7 @@ class Elector:
     def wake(self) -> None:
         """Run a round now (a lock was released somewhere)."""
         self._notice_at = self._clock.monotonic()
+        self._full_round = True
         self._wake.ring()
 
     # -- the loop -------------------------------------------------------------------------
@@ -191,6 +195,12 @@ class Elector:
         now = self._clock.monotonic()
         if self._spread is not None:
             self._spread.refresh(self.leases)
+        # Every job is asked about after a notice, a failure, and at least every half lease
+        # time: a lock lost in Redis under a stopped leader is taken within that, not at
+        # the end of the lease the followers last saw.
+        full = self._full_round or self.failures > 0 or now >= self._next_full_at
+        if full:
+            self._full_round, self._next_full_at = False, now + self._shortest_ttl_s / 2
         requests = [
             LeaseRequest(
                 lease.job,
@@ -202,12 +212,16 @@ class Elector:
             for lease in self.leases.values()
             if lease.wanted
             and (self.terms.acquiring or lease.token is not None)
-            and (lease.token is not None or lease.rest_until <= now)
+            and (
+                lease.token is not None
+                or (not self._resting(lease, now) and self._asks(lease, now, full))
+            )
         ]
         holders = {request.job: self.leases[request.job].holder for request in requests}
         sent_at = self._clock.monotonic()
         try:
-            if requests:
+            # A node with a membership record renews it in every round, jobs or not.
+            if requests or getattr(self._store, "membership", None) is not None:
                 replies = await within(
                     self._store.elect(self.owner, requests), self._call_timeout(sent_at)
                 )
@@ -225,10 +239,11 @@ class Elector:
         resigned = [x.job for x in self.leases.values() if not x.wanted and x.value is not None]
         if resigned:
             await self.release(resigned)
-        await self._step_down()
         if self._spread is not None:
             self._spread.refresh(self.leases)
-            await self._hand_over()
+            self._spread.observed(self.leases, holders)
+        await self._hand_over()
+        if self._spread is not None:
             looked_at = {
                 request.job: holders[request.job] for request in requests if not request.take
             }
@@ -240,38 +255,43 @@ class Elector:
         # a heartbeat, and a lease whose deadline comes before the next reply would lapse.
         return max(0.0, self._delay() - (self._clock.monotonic() - sent_at))
 
+    def _asks(self, lease: Lease, now: float, full: bool) -> bool:
+        """Whether a follower asks about ``lease`` in this round: in a full one, else
+        when its holder's lease may end before the next (``asks_about``)."""
+        return full or asks_about(
+            lease.holder, lease.observed_at, lease.holder_ttl_s, now, self._heartbeat_s
+        )
+
+    def _resting(self, lease: Lease, now: float) -> bool:
+        """Whether this node stays out of ``lease``'s election after handing it over: for
+        one lock expiry, unless it was a placement move and this node is now preferred."""
+        spread = self._spread
+        return lease.rest_until > now and not (spread is not None and spread.back_in(lease.job))
+
     async def _hand_over(self) -> None:
-        """``placement="spread"``: release, between runs, the jobs a less busy node is
-        preferred for (it takes each over at the notice), and stay out of their election
-        for one lock expiry."""
-        assert self._spread is not None
-        jobs = self._spread.to_hand_over(self.leases)
+        """Release, between runs, the jobs an operator asked this node to step down from and,
+        with ``placement="spread"``, those a less busy node is preferred for: the others take
+        each over at the notice, and this node stays out of their election for one lock
+        expiry, so that another node, not this one, takes it."""
+        jobs = []
+        for lease in self.leases.values():
+            if lease.stepping_down and not lease.running:
+                lease.stepping_down = False
+                if lease.token is not None:
+                    jobs.append(lease.job)
+        if self._spread is not None:
+            for job in self._spread.to_hand_over(self.leases):
+                preferred = self._spread.placement.preferred(job)
+                logger.info("node %s hands job %r over to node %s", self.node_id, job, preferred)
+                jobs.append(job)
         for job in jobs:
-            lease = self.leases[job]
-            lease.rest_until = self._clock.monotonic() + lease.ttl_s
-            logger.info(
-                "node %s hands job %r over to node %s, which placement prefers for it",
-                self.node_id,
-                job,
-                self._spread.placement.preferred(job),
-            )
+            self.leases[job].rest_until = self._clock.monotonic() + self.leases[job].ttl_s
         if jobs:
             await self.release(jobs)
 
-    async def _step_down(self) -> None:
-        """Hand over the jobs an operator asked this node to step down from, between runs:
-        release them (the others take over at the notice) and stay out of their election for
-        one lock expiry, so that another node, not this one, takes each over."""
-        jobs = []
-        for lease in self.leases.values():
-            if not lease.stepping_down or lease.running:
-                continue
-            lease.stepping_down = False
-            if lease.token is not None:
-                lease.rest_until = self._clock.monotonic() + lease.ttl_s
-                jobs.append(lease.job)
-        if jobs:
-            await self.release(jobs)
+    @property
+    def _shortest_ttl_s(self) -> float:
+        return min((lease.ttl_s for lease in self.leases.values()), default=self._heartbeat_s)
 
     @property
     def _longest_ttl_s(self) -> float:
@@ -312,17 +332,13 @@ class Elector:
 
     def _delay(self) -> float:
         leading = any(lease.token is not None for lease in self.leases.values())
-        holder_ttls = [
-            lease.holder_ttl_s
-            for lease in self.leases.values()
-            if lease.token is None and lease.holder_ttl_s is not None
-        ]
+        now, rtt = self._clock.monotonic(), self.round_trip_s or 0.0
         return next_attempt_delay(
             heartbeat_s=self._heartbeat_s,
             max_backoff_s=self._max_backoff_s,
             failures=self.failures,
             leading=leading,
-            holder_ttl_s=min(holder_ttls) if holder_ttls else None,
+            holder_ttl_s=soonest_end_s(self.leases.values(), now, rtt),
             jitter=self._rng(),
         )
 

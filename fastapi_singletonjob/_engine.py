@@ -9,14 +9,15 @@ Shutdown order, chosen so that no two nodes ever run a job at once and no job pa
 than it must:
 
 1. stop the timer, so no new run starts;
-2. release at once the locks of the jobs with no run in flight, so that other nodes take them
+2. leave the membership, so that the other nodes place the jobs without this one;
+3. release at once the locks of the jobs with no run in flight, so that other nodes take them
    over while this one drains;
-3. let runs in flight finish, up to ``shutdown_timeout``, while the election keeps renewing
+4. let runs in flight finish, up to ``shutdown_timeout``, while the election keeps renewing
    their leases, and release each lock as soon as its run ends;
-4. cancel the runs still going and give them a short grace to end;
-5. stop the election (a lock whose run is stuck in a thread is *not* released: it expires on
+5. cancel the runs still going and give them a short grace to end;
+6. stop the election (a lock whose run is stuck in a thread is *not* released: it expires on
    its own after the run can no longer be ours);
-6. close the store if the library opened it, and the worker threads.
+7. close the store if the library opened it, and the worker threads.
 
 Everything started is registered on one ``AsyncExitStack``: ``stop`` and ``abort`` unwind the
 same stack, so there is one teardown path.
@@ -247,6 +248,9 @@ class Engine:
         self.ticker.stop_waiting()
         if self._timer is not None:
             await cancel_and_wait(self._timer)
+        # Leave the membership before releasing anything: a node woken by the release then
+        # already places the job without this one, instead of leaving it to a node that left.
+        await self._leave()
         runs = {name: r.current for name, r in self.runners.items() if r.current is not None}
         idle = [name for name in self.runners if name not in runs]
         if idle:
@@ -262,7 +266,6 @@ class Engine:
         if self._election is not None:
             await cancel_and_wait(self._election)
         await self.elector.release([name for name in runs if name not in stuck])
-        await self._leave()
         await self._close()
 
     async def _leave(self) -> None:

@@ -106,6 +106,9 @@ class Membership:
         """Owner id -> (joined at, server ms; jobs digest), for every live member."""
         self.server_ms: int | None = None
         """The server's clock at the last call, in ms since the epoch."""
+        self.left = False
+        """Set when the node leaves (a graceful stop): election calls no longer keep the
+        record, so that the others see the leave before this node releases its locks."""
 
     def placed(self, server_ms: int, epoch: str, flat: Sequence[str]) -> None:
         """Apply a call's placement part: the server time, the epoch, and the placement

@@ -127,10 +127,12 @@ class Placement:
         """The jobs this node should hand over now: among those it leads and that have no run
         in flight (``idle[job]``), each whose preferred node leads at least two jobs fewer
         than this one (``counts``: jobs led per node id, as this node last saw them), at most
-        ``moves_per_round``, in name order. The margin keeps what is balanced in place: a
-        node that leads one job never hands it over, and leadership settles without moves
-        back and forth."""
+        ``moves_per_round`` or a tenth of those it leads, in name order. The margin keeps
+        what is balanced in place: a node that leads one job never hands it over, and
+        leadership settles without moves back and forth."""
         counts = dict(counts)
+        led = list(led)
+        most = max(self._moves, len(led) // 10)  # a tenth: a node that leads 1,000 jobs
         moving: list[str] = []
         for job in sorted(led):
             target = self._preferred.get(job, self._node_id)
@@ -141,7 +143,7 @@ class Placement:
             moving.append(job)
             counts[self._node_id] = counts.get(self._node_id, 0) - 1
             counts[target] = counts.get(target, 0) + 1
-            if len(moving) == self._moves:
+            if len(moving) == most:
                 break
         return moving
 
@@ -156,7 +158,9 @@ class Spreader:
         "_clock",
         "_heartbeat_s",
         "_key",
+        "_let_go",
         "_membership",
+        "_moved_away",
         "_node_id",
         "_placement",
         "_settle_ms",
@@ -174,6 +178,10 @@ class Spreader:
         self._node_id = node_id
         self._membership = membership
         self._settle_ms = settle_s * 1000
+        self._let_go: dict[str, tuple[str, float]] = {}
+        """Job -> the node that let its lock go, and until when (monotonic) that counts."""
+        self._moved_away: set[str] = set()
+        """The jobs this node handed over for placement and has not led since."""
         self._heartbeat_s = heartbeat_s
         self._clock = clock
         self._placement = Placement(node_id)
@@ -199,6 +207,7 @@ class Spreader:
             return
         self._key = (member.epoch, settled)
         self._changed_at = self._clock.monotonic()
+        self._let_go.clear()
         mine = frozenset(job for job, lease in leases.items() if lease.wanted)
         candidates: dict[str, Candidate] = {}
         for owner, (_, digest) in sorted(member.peers.items()):
@@ -209,16 +218,45 @@ class Spreader:
         self._placement.update(candidates.values(), mine)
 
     def take(self, lease: Lease) -> bool:
-        """Whether this node takes ``lease``'s lock when it is free, in this round."""
+        """Whether this node takes ``lease``'s lock when it is free, in this round: not
+        before its first round told it who the members are (then, at once where it is the
+        preferred node), so that replicas started together do not leave every job to the
+        first one to ask."""
+        member = self._membership()
+        if member is not None and member.server_ms is None:
+            return False
         seen_free = lease.holder is None and lease.observed_at is not None
         return self._placement.may_take(lease.job, seen_free)
 
+    def observed(self, leases: Mapping[str, Lease], holders: Mapping[str, str | None]) -> None:
+        """After a round: note each lock whose holder before the round (``holders``, by node
+        id) let it go (released it, or let it lapse). Until the membership changes, or for one lock
+        expiry at most, that job is not handed back to that node, so that it does not bounce
+        back to a node that is stopping or dead but still a member."""
+        until = self._clock.monotonic() + self._settle_ms / 1000
+        for job, before in holders.items():
+            if leases[job].token is not None:
+                self._moved_away.discard(job)
+            if before not in (None, self._node_id, leases[job].holder):
+                self._let_go[job] = (before, until)
+
+    def back_in(self, job: str) -> bool:
+        """Whether this node, having handed ``job`` over for placement, is its preferred
+        node again (the membership changed): it may take the job before its rest ends."""
+        return job in self._moved_away and self._placement.preferred(job) == self._node_id
+
     def to_hand_over(self, leases: Mapping[str, Lease]) -> list[str]:
         """The jobs to release now for their preferred nodes (none in the heartbeat after
-        the preferences changed, so that every node has seen the same change)."""
-        if self._clock.monotonic() - self._changed_at < self._heartbeat_s:
+        the preferences changed, so that every node has seen the same change; none to a
+        node that just let the job go)."""
+        now = self._clock.monotonic()
+        if now - self._changed_at < self._heartbeat_s:
             return []
-        led = [job for job, lease in leases.items() if lease.token is not None and lease.wanted]
+        led = [
+            job
+            for job, lease in leases.items()
+            if lease.token is not None and lease.wanted and not self._let_go_by_preferred(job, now)
+        ]
         idle = {
             job: not (lease.running or lease.stepping_down)
             for job, lease in leases.items()
@@ -227,7 +265,13 @@ class Spreader:
         counts = Counter(
             lease.holder for lease in leases.values() if lease.wanted and lease.holder is not None
         )
-        return self._placement.to_hand_over(led, idle, counts)
+        moving = self._placement.to_hand_over(led, idle, counts)
+        self._moved_away.update(moving)
+        return moving
+
+    def _let_go_by_preferred(self, job: str, now: float) -> bool:
+        node, until = self._let_go.get(job, ("", now))
+        return until > now and node == self._placement.preferred(job)
 
     def wants_round(self, leases: Mapping[str, Lease], looked_at: Mapping[str, str | None]) -> bool:
         """Whether a free lock that this round only looked at (``looked_at``: job -> its

@@ -156,7 +156,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
         keys = [_keys.members_key(project), _keys.member_expiry_key(project)]
         keys += [_keys.controls_key(project), _keys.placement_key(project)]
         args: list[str | int] = [node_id, "", "", "", ""]  # without a membership record
-        if member is not None:
+        if member is not None and not member.left:
             args[1:] = [member.payload(), member.ttl_ms, member.epoch, member.digest]
         for request in requests:
             keys += (

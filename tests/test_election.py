@@ -33,9 +33,13 @@ class FlakyStore:
         self.inner = inner
         self.down = False
         self.calls = 0
+        self.pings = 0
+        self.asked: list[list[str]] = []
+        """The jobs of each election call, in order."""
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         self.calls += 1
+        self.asked.append([request.job for request in requests])
         if self.down:
             raise ConnectionError("store unreachable")
         return await self.inner.elect(node_id, requests)
@@ -60,6 +64,7 @@ class FlakyStore:
         await self.inner.listen_releases(on_release)
 
     async def ping(self) -> None:
+        self.pings += 1
         if self.down:
             raise ConnectionError("store unreachable")
 
@@ -68,12 +73,14 @@ class FlakyStore:
 
 
 class Node:
-    def __init__(self, name: str, clock: FakeClock, jobs: Sequence[str] = ("job",)) -> None:
+    def __init__(
+        self, name: str, clock: FakeClock, jobs: Sequence[str] = ("job",), ttl_s: float = TTL
+    ) -> None:
         self.store = FlakyStore(MemoryLeaseStore("p", clock))
         self.elector = Elector(
             store=self.store,
             node_id=name,
-            leases=[Lease(job, TTL) for job in jobs],
+            leases=[Lease(job, ttl_s) for job in jobs],
             heartbeat_s=HEARTBEAT,
             max_backoff_s=8.0,
             clock=clock,
@@ -353,3 +360,31 @@ async def test_a_node_that_stopped_acquiring_keeps_its_terms_and_starts_none(
     assert node.leads("held"), "renewed while draining"
     assert not node.leads("free") and node.elector.leases["free"].terms == 0
     assert node.elector.leases["free"].holder is None, "never even asked for"
+
+
+async def test_a_follower_asks_about_a_held_job_only_when_its_lease_may_end_first(
+    clock: FakeClock,
+) -> None:
+    """While the leader renews, a follower leaves the job out of its rounds except when the
+    lease it last saw would end before its next round; it still takes over one lock expiry
+    after the leader's last renewal."""
+    ttl_s = 10 * HEARTBEAT
+    a, b = Node("a", clock, ttl_s=ttl_s), Node("b", clock, ttl_s=ttl_s)
+    await a.start()
+    await clock.advance(0.01)
+    await b.start()
+    for _ in range(round(3 * ttl_s / 0.05)):
+        await clock.advance(0.05)
+    asked = b.store.asked
+    assert asked[0] == ["job"], "the first round asks about everything"
+    rounds = b.store.calls + b.store.pings
+    print(f"follower rounds: {rounds}, asking about the held job: {len(asked)}")
+    assert a.leads() and not b.leads()
+    assert len(asked) <= rounds // 2, (rounds, asked)
+    await a.kill()
+    killed_at = clock.monotonic()
+    while not b.leads():
+        await clock.advance(0.01)
+        assert clock.monotonic() - killed_at <= ttl_s + HEARTBEAT, "no takeover"
+    assert clock.monotonic() - killed_at >= ttl_s - 2 * HEARTBEAT
+    await b.kill()

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import Counter
+from datetime import datetime, timezone
 
 import pytest
 
-from fastapi_singletonjob._placement import Candidate, Placement, rank
+from fastapi_singletonjob._lease import Lease
+from fastapi_singletonjob._membership import MemberRecord, Membership, jobs_digest
+from fastapi_singletonjob._placement import Candidate, Placement, Spreader, rank
+from fastapi_singletonjob.testing import FakeClock
 
 JOBS = [f"job-{i}" for i in range(200)]
 
@@ -125,3 +130,65 @@ def test_hand_over_only_what_evens_the_counts() -> None:
 def test_moves_per_round_must_be_positive() -> None:
     with pytest.raises(ValueError, match="moves_per_round=0"):
         Placement("a", moves_per_round=0)
+
+
+def spreader_of(node_id: str, members: list[str], jobs: list[str]) -> tuple[Spreader, FakeClock]:
+    """A ``Spreader`` for ``node_id`` whose membership names ``members`` (settled, all
+    running ``jobs``), and its clock, a heartbeat (0.1 s) past the membership's change."""
+    record = MemberRecord(node_id, f"{node_id}#0", "t", datetime.now(timezone.utc), ttl_s=0.5)
+    membership = Membership(record)
+    membership.digest = jobs_digest(jobs)
+    flat = [item for node in members for item in (f"{node}#0", f"0|{membership.digest}")]
+    membership.placed(10_000, "1", flat)
+    clock = FakeClock()
+    spreader = Spreader(
+        node_id, membership=lambda: membership, settle_s=0.5, heartbeat_s=0.1, clock=clock
+    )
+    return spreader, clock
+
+
+def first_preferring(order: list[str], members: list[str], count: int = 1) -> list[str]:
+    """The first ``count`` job names that rank ``members`` starting with ``order``."""
+    names = (f"job-{i}" for i in range(1000))
+    found = (j for j in names if rank(j, members)[: len(order)] == order)
+    return list(itertools.islice(found, count))
+
+
+def led(node_id: str, *jobs: str) -> dict[str, Lease]:
+    """Leases of ``jobs``, each held by ``node_id`` (this node: token set)."""
+    return {job: Lease(job, 0.5, token=1, holder=node_id) for job in jobs}
+
+
+async def test_a_job_is_not_handed_back_to_the_node_that_let_it_go() -> None:
+    members = ["n1", "n2", "n3"]
+    (theirs,) = first_preferring(["n1", "n2"], members)
+    mine = first_preferring(["n2"], members, 2)
+    leases = led("n2", theirs, *mine)
+    spreader, clock = spreader_of("n2", members, [theirs, *mine])
+    spreader.refresh(leases)
+    await clock.advance(0.1)
+    # n2 leads 3 jobs, n1 none: n1's job goes back to it...
+    assert spreader.to_hand_over(leases) == [theirs]
+    # ...unless n1 itself let it go (it stops, or died) while still a member: not for a
+    # lock expiry, or until the membership changes.
+    spreader.observed(leases, {theirs: "n1"})
+    assert spreader.to_hand_over(leases) == []
+    await clock.advance(0.5)
+    assert spreader.to_hand_over(leases) == [theirs]
+
+
+async def test_a_node_that_handed_a_job_over_takes_it_back_once_preferred_again() -> None:
+    members = ["n1", "n2", "n3"]
+    (theirs,) = first_preferring(["n1", "n2"], members)
+    mine = first_preferring(["n2"], members, 2)
+    leases = led("n2", theirs, *mine)
+    spreader, clock = spreader_of("n2", members, [theirs, *mine])
+    spreader.refresh(leases)
+    await clock.advance(0.1)
+    assert spreader.to_hand_over(leases) == [theirs]
+    assert not spreader.back_in(theirs)  # n1 is preferred: n2 rests from it
+    spreader.placement.update(nodes("n2", "n3", jobs=[theirs, *mine]), [theirs, *mine])
+    assert spreader.back_in(theirs)  # n1 left and n2 is preferred: no rest
+    leases[theirs].token = 1  # n2 leads it again: the move is over
+    spreader.observed(leases, {theirs: "n2"})
+    assert not spreader.back_in(theirs)

@@ -4,6 +4,7 @@ the leaver's jobs, and ``placement="first"`` keeps first-come leadership."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
@@ -165,3 +166,59 @@ async def test_first_keeps_first_come_leadership(cluster: Callable[..., Singleto
     history = await run_for(clock, nodes, EXPIRY_S + 2.0)
     assert set(history[-1].values()) == {"web-a"}
     assert moves(history) == 0
+
+
+def leaderless_spells(history: list[Leaders], job: str) -> list[int]:
+    """The lengths (in 10 ms steps) of each stretch without a leader of ``job`` in
+    ``history``, the one at the start included."""
+    spells, current = [], 0
+    for snapshot in history:
+        if snapshot[job] is None:
+            current += 1
+        elif current:
+            spells.append(current)
+            current = 0
+    return [*spells, current] if current else spells
+
+
+async def test_a_leavers_jobs_go_straight_to_a_survivor_and_never_back(
+    cluster: Callable[..., SingletonJobs],
+) -> None:
+    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
+    nodes = [cluster(name) for name in ("web-a", "web-b", "web-c")]
+    for jobs in nodes:
+        await jobs.start()
+    before = (await run_for(clock, nodes, EXPIRY_S + 2.0))[-1]
+    leaver, survivors = nodes[0], nodes[1:]
+    theirs = [job for job in JOBS if before[job] == leaver.node_id]
+    assert theirs, before
+
+    stopping = asyncio.create_task(leaver.stop())
+    history = await run_for(clock, survivors, 2 * EXPIRY_S)
+    await stopping
+    # The leaver left the membership before releasing: the woken nodes place each job
+    # without it, so none comes back to it, and none waits out a lock expiry.
+    for job in theirs:
+        spells = leaderless_spells(history, job)
+        assert len(spells) <= 1 and sum(spells) * 0.01 <= 2 * HEARTBEAT_S, (job, spells)
+    assert None not in history[-1].values()
+
+
+async def test_a_killed_nodes_jobs_are_not_handed_back_to_it(
+    cluster: Callable[..., SingletonJobs],
+) -> None:
+    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
+    nodes = [cluster(name) for name in ("web-a", "web-b", "web-c")]
+    for jobs in nodes:
+        await jobs.start()
+    before = (await run_for(clock, nodes, EXPIRY_S + 2.0))[-1]
+    victim, survivors = nodes[0], nodes[1:]
+    theirs = [job for job in JOBS if before[job] == victim.node_id]
+    kill(victim)
+    history = await run_for(clock, survivors, 2 * EXPIRY_S + 1.0)
+    # Taken over once its lease ran out, and not released again for the dead node while
+    # its membership record outlives the lock.
+    for job in theirs:
+        spells = leaderless_spells(history, job)
+        assert len(spells) == 1 and spells[0] * 0.01 <= EXPIRY_S + 3 * HEARTBEAT_S, (job, spells)
+    assert None not in history[-1].values()
