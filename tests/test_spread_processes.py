@@ -85,7 +85,7 @@ def check_runs(runs: list[Run]) -> dict[str, float]:
     """Check each job's runs; return the gap of each move (the old leader's last run's end
     to the new leader's first run's start), by "job: old node -> new node" (the longest
     when a job made the same move twice)."""
-    gaps = {}
+    gaps: dict[str, float] = {}
     for job in JOBS:
         of_job = sorted((run for run in runs if run.job == job), key=lambda run: run.start)
         assert max_concurrent(of_job) == 1, f"{job} ran twice at once"
@@ -132,13 +132,13 @@ async def test_twelve_jobs_spread_and_a_join_and_a_leave_move_only_what_they_mus
     cluster.send("n1", signal.SIGTERM)
     assert await cluster.wait_exit("n1") == 0, cluster.describe()
     after_leave = await settled(cluster, ["n2", "n3", "n4"], "after n1 left")
-    moved = {job for job in JOBS if after_join[job] != after_leave[job]}
+    moved_out = {job for job in JOBS if after_join[job] != after_leave[job]}
     leavers = {job for job in JOBS if after_join[job] == "n1"}
-    assert leavers <= moved, (after_join, after_leave)
+    assert leavers <= moved_out, (after_join, after_leave)
     # Besides the leaver's jobs, only those the count margin had kept off its preferred node
     # may move now that the counts changed, and then only to that node.
     survivors = ["n2", "n3", "n4"]
-    rebalanced = moved - leavers
+    rebalanced = moved_out - leavers
     assert len(rebalanced) <= 2, (after_join, after_leave)
     for job in rebalanced:
         preferred = rank(job, survivors)[0]
