@@ -300,7 +300,7 @@ class Demo:
         if any(h.cause == PLACEMENT for h in self.tracker.handovers):
             lines.append(
                 f"  A {PLACEMENT} is leadership spreading over the live replicas "
-                '(placement="spread"): a graceful handover that the demo did not cause.'
+                '(placement="spread"), handed over between runs: the demo did not cause it.'
             )
         if any(h.cause.endswith("(SIGTERM)") for h in self.tracker.handovers):
             lines.append(
