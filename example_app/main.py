@@ -1,4 +1,4 @@
-"""The example service: three singleton jobs with FastAPI dependencies, and the status router.
+"""The example service: six singleton jobs with FastAPI dependencies, and the status router.
 
 Environment:
 
@@ -18,6 +18,7 @@ Environment:
 import logging
 import math
 import os
+import secrets
 import tempfile
 import threading
 import time
@@ -38,12 +39,15 @@ __all__ = [
     "PriceBook",
     "PriceFeed",
     "ReportSender",
+    "add_housekeeping_jobs",
+    "SessionStore",
     "app",
     "create_app",
     "get_price_feed",
 ]
 
 logger = logging.getLogger("example_app")
+SESSION_TTL_S = 30.0
 
 
 @dataclass
@@ -53,6 +57,9 @@ class Counters:
     price_ticks: int = 0
     heartbeats: int = 0
     reports: int = 0
+    cache_refreshes: int = 0
+    session_cleanups: int = 0
+    rollups: int = 0
 
 
 class PriceFeed:
@@ -136,6 +143,31 @@ class ReportSender:
         )
 
 
+class SessionStore:
+    """Login sessions in memory, each with its expiry (``app.state.sessions``)."""
+
+    def __init__(self) -> None:
+        self._expiry: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def open(self, token: str, *, ttl_s: float) -> None:
+        """Add a session that expires ``ttl_s`` from now."""
+        with self._lock:
+            self._expiry[token] = time.monotonic() + ttl_s
+
+    def purge_expired(self) -> int:
+        """Drop the expired sessions; return how many were dropped."""
+        now = time.monotonic()
+        with self._lock:
+            expired = [token for token, at in self._expiry.items() if at <= now]
+            for token in expired:
+                del self._expiry[token]
+        return len(expired)
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+
 def describe_store(url: str) -> str:
     """Where the leases live, without the credentials a URL may carry."""
     parts = urlsplit(url)
@@ -143,6 +175,38 @@ def describe_store(url: str) -> str:
         return "memory:// (this process only: no election across replicas)"
     where = parts.path if parts.scheme == "unix" else f"{parts.hostname}:{parts.port or 6379}"
     return f"{parts.scheme}://{where}"
+
+
+def add_housekeeping_jobs(
+    jobs: SingletonJobs, counters: Counters, sessions: SessionStore, rates: dict[str, float]
+) -> None:
+    """The three small jobs next to the main ones: a cache reload, a cleanup, a rollup."""
+
+    @jobs.fixed_rate("cache-refresh", every=timedelta(seconds=2))
+    async def cache_refresh(feed: Annotated[PriceFeed, Depends(get_price_feed)]) -> None:
+        # The quotes that /prices falls back to when the book is empty, reloaded in one step.
+        counters.cache_refreshes += 1
+        rates.clear()
+        rates.update(await feed.latest())
+
+    @jobs.interval("session-cleanup", every=timedelta(seconds=1))
+    async def session_cleanup(ctx: JobContext) -> None:
+        counters.session_cleanups += 1
+        dropped = sessions.purge_expired()
+        if dropped:
+            logger.info("session-cleanup #%d dropped %d expired sessions", ctx.iteration, dropped)
+
+    @jobs.interval("metrics-rollup", every=timedelta(seconds=2))
+    async def metrics_rollup(ctx: JobContext) -> None:
+        counters.rollups += 1
+        logger.info(
+            "metrics-rollup #%d: %d price ticks, %d heartbeats, %d live sessions on %s",
+            ctx.iteration,
+            counters.price_ticks,
+            counters.heartbeats,
+            len(sessions),
+            ctx.node_id,
+        )
 
 
 def create_app() -> FastAPI:
@@ -156,6 +220,8 @@ def create_app() -> FastAPI:
     jobs = SingletonJobs(redis_url=redis_url, project=project)
     counters = Counters()
     book = PriceBook()
+    sessions = SessionStore()
+    rates: dict[str, float] = {}
     logger.info("lease store: %s; node id: %s", describe_store(redis_url), jobs.node_id)
 
     # Dependencies of the jobs, resolved per run by FastAPI as for a route. A job runs outside
@@ -214,11 +280,14 @@ def create_app() -> FastAPI:
         counters.reports += 1
         await sender.send(day=ctx.scheduled_at.date().isoformat(), fencing_token=ctx.fencing_token)
 
+    add_housekeeping_jobs(jobs, counters, sessions, rates)
+
     app = FastAPI(title="fastapi-singletonjob example", lifespan=jobs.lifespan)
     app.include_router(jobs.router, prefix="/singletonjob")
     app.state.jobs = jobs
     app.state.counters = counters
     app.state.price_book = book
+    app.state.sessions = sessions
     app.state.heartbeat_path = heartbeat_path
 
     @app.get("/")
@@ -226,11 +295,18 @@ def create_app() -> FastAPI:
         """This replica's node id and the jobs it competes for."""
         return {"node_id": jobs.node_id, "jobs": sorted(jobs.jobs)}
 
+    @app.post("/sessions")
+    async def open_session() -> dict[str, str | float]:
+        """A session that expires in 30 s (the ``session-cleanup`` job drops it)."""
+        token = secrets.token_urlsafe(16)
+        sessions.open(token, ttl_s=SESSION_TTL_S)
+        return {"token": token, "expires_in_s": SESSION_TTL_S}
+
     @app.get("/prices")
     async def prices() -> dict[str, Any]:
         """The latest quotes this process stored, and the term that wrote them."""
         return {
-            "quotes": book.quotes,
+            "quotes": book.quotes or dict(rates),
             "fencing_token": book.fencing_token,
             "written_at": book.written_at,
         }

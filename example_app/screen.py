@@ -79,7 +79,7 @@ class Screen(Output):
             color = _GREEN if state == "up" else _YELLOW if "stopping" in state else _RED
             lines.append((f"{p.name:<11} {p.pid:>7} {p.port:>6}  {state}", color))
         lines.append(("", ""))
-        lines.append((f"{'JOB':<13} {'LEADER':<38} {'TOKEN':>17}  LAST RUN", _BOLD))
+        lines.append((f"{'JOB':<16} {'LEADER':<38} {'TOKEN':>17}  LAST RUN", _BOLD))
         now = time.monotonic()
         for view in tracker.views.values():
             lines.append(_job_line(view, tracker.leaderless_for(view.name, now)))
@@ -120,13 +120,15 @@ def _job_line(view: JobView, leaderless_s: float | None) -> tuple[str, str]:
             leader += f" for {leaderless_s:.1f}s"
         if view.holder is not None and view.holder_ttl_s is not None:
             leader += f" ({view.holder}'s lock: >={max(0.0, view.holder_ttl_s):.1f}s)"
+    if view.paused:
+        leader += " (paused)"
     if view.last_run is None:
         last = f"never; next {view.next_run}" if view.next_run else "never"
     else:
         node, started_at, runs, outcome = view.last_run
         last = f"{ago(started_at):5.1f}s ago on {node} (run {runs}, {outcome})"
     token = "" if view.token is None else str(view.token)
-    return f"{view.name:<13} {leader:<38} {token:>17}  {last}", color
+    return f"{view.name:<16} {leader:<38} {token:>17}  {last}", color
 
 
 def make_output(started: float, stream: TextIO | None = None) -> Output:

@@ -5,7 +5,9 @@ merges the answers. A job's leader is the replica that answers that it leads the
 replica does, the job counts as leaderless, even if a stopped or killed node still holds its lock
 in Redis. The leaderless time of a handover is measured between two polls: from the last poll
 that showed the old leader to the first that showed the new one, so it is an upper bound,
-coarse by one poll interval.
+coarse by one poll interval. A handover away from the replica the demo just signalled is
+attributed to that signal; any other is a placement move (leadership spreading over the
+replicas), and labelled so.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 from .cluster import HOST, Process
 
 Status = dict[str, Any]
+PLACEMENT = "placement move"
+"""The cause of a handover the demo did not provoke: leadership spreading over the replicas."""
 
 
 def fetch_status(process: Process, timeout_s: float) -> Status | None:
@@ -53,6 +57,8 @@ class JobView:
     last_run: tuple[str, str, int, str] | None
     """(node, started_at, runs on that node, outcome) of the latest run any replica reports."""
     next_run: str | None
+    paused: bool = False
+    """An operator paused the job, as its leader (else any replica) answers."""
 
     @property
     def leader(self) -> str | None:
@@ -85,14 +91,20 @@ def merge(statuses: dict[str, Status | None]) -> dict[str, JobView]:
             if row["last_run"] is not None
         ]
         leader_row = rows[leaders[0]] if leaders else next(iter(rows.values()))
+        paused = (
+            bool(leader_row.get("paused"))
+            if leaders
+            else any(row.get("paused") for row in rows.values())
+        )
         views[job] = JobView(
             name=job,
             leaders=leaders,
             holder=holder,
             holder_ttl_s=ttl,
             token=token,
-            last_run=max(runs, key=lambda run: _instant(run[1])) if runs else None,
+            last_run=max(runs, key=lambda run: instant(run[1])) if runs else None,
             next_run=leader_row["next_run"],
+            paused=paused,
         )
     return views
 
@@ -113,8 +125,11 @@ class Tracker:
     """Follows the merged views poll after poll and reports every change."""
 
     poll_s: float
-    cause: str = "startup"
-    """What the demo did last (``"SIGTERM to replica-1"``), attached to the handovers."""
+    cause: str = PLACEMENT
+    """What the demo did last (``"graceful stop of replica-1 (SIGTERM)"``), attached to the
+    handovers away from ``cause_node``."""
+    cause_node: str | None = None
+    """The replica the demo signalled last."""
     views: dict[str, JobView] = field(default_factory=dict)
     handovers: list[Handover] = field(default_factory=list)
     overlaps: int = 0
@@ -124,6 +139,7 @@ class Tracker:
     """Per job, when the last poll that showed a leader was taken."""
     _leaderless: set[str] = field(default_factory=set)
     _last_run: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _paused: set[str] = field(default_factory=set)
 
     def update(self, at: float, statuses: dict[str, Status | None]) -> list[tuple[str, str]]:
         """Take one poll (taken at monotonic time ``at``); return the changes as
@@ -136,9 +152,16 @@ class Tracker:
             change = self._leadership(at, view)
             if change is not None:
                 leadership.setdefault(change, []).append(job)
+            if view.paused != (job in self._paused):
+                self._paused ^= {job}
+                state = "paused" if view.paused else "resumed"
+                said = f"{state}, as {view.leader or 'the replicas'} answers in /singletonjob/jobs"
+                leadership.setdefault(said, []).append(job)
             if view.last_run is not None:
                 node, started_at, count, outcome = view.last_run
-                if self._last_run.get(job) != (node, started_at):
+                seen = self._last_run.get(job)
+                # Newer runs only: when a leader stops answering, an older run elsewhere shows.
+                if seen is None or instant(started_at) > instant(seen[1]):
                     self._last_run[job] = (node, started_at)
                     runs.append(
                         ("run", f"{job} ran on {node} at {_clock(started_at)} ({outcome}, "
@@ -172,10 +195,11 @@ class Tracker:
         seen_at, self._seen_at[job] = self._seen_at.get(job), at
         if previous is None or seen_at is None:
             return f"{new} leads (fencing token {view.token})"
-        handover = Handover(job, previous, new, at - seen_at, self.cause)
+        cause = self.cause if previous == self.cause_node else PLACEMENT
+        handover = Handover(job, previous, new, at - seen_at, cause)
         self.handovers.append(handover)
         return (
-            f"handover {previous} -> {new} after {self.cause}, leaderless "
+            f"handover {previous} -> {new} ({cause}), leaderless "
             f"{handover.leaderless_s:.3f}s (fencing token {view.token})"
         )
 
@@ -189,6 +213,10 @@ class Tracker:
         """The job's current leader, if one answers."""
         view = self.views.get(job)
         return view.leader if view is not None else None
+
+    def led_by(self, replica: str) -> list[str]:
+        """The jobs ``replica`` leads, in the order of the jobs."""
+        return [job for job, view in self.views.items() if view.leader == replica]
 
     def all_led(self, replicas: Sequence[str] | None = None) -> bool:
         """Every job has exactly one answering leader (among ``replicas``, if given)."""
@@ -215,15 +243,16 @@ class Poller:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _instant(text: str) -> datetime:
+def instant(text: str) -> datetime:
+    """An ISO 8601 instant, as the status routes write it."""
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _clock(text: str) -> str:
     """``10:12:50.500`` in local time, from an ISO 8601 instant."""
-    return _instant(text).astimezone().strftime("%H:%M:%S.%f")[:-3]
+    return instant(text).astimezone().strftime("%H:%M:%S.%f")[:-3]
 
 
 def ago(text: str) -> float:
     """Seconds since an ISO 8601 instant."""
-    return (datetime.now(timezone.utc) - _instant(text)).total_seconds()
+    return (datetime.now(timezone.utc) - instant(text)).total_seconds()

@@ -20,6 +20,15 @@ from example_app.main import Counters, PriceBook, PriceFeed, create_app, get_pri
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
+ALL_JOBS = [
+    "cache-refresh",
+    "daily-report",
+    "heartbeat",
+    "metrics-rollup",
+    "price-tick",
+    "session-cleanup",
+]
+"""The example app's jobs, sorted."""
 
 
 async def test_lifespan_runs_the_jobs_and_the_routes_answer(
@@ -41,18 +50,23 @@ async def test_lifespan_runs_the_jobs_and_the_routes_answer(
         body = response.json()
         assert body == {
             "node_id": app.state.jobs.node_id,
-            "jobs": ["daily-report", "heartbeat", "price-tick"],
+            "jobs": ALL_JOBS,
         }
         # price-tick fires every 500 ms on the epoch grid; heartbeat as soon as the node leads
         await wait_until(lambda: counters.price_ticks >= 2, 5.0, "two price ticks")
         await wait_until(lambda: counters.heartbeats >= 1, 5.0, "a heartbeat")
+        await wait_until(
+            lambda: min(counters.cache_refreshes, counters.session_cleanups, counters.rollups) >= 1,
+            5.0,
+            "a run of each new job",
+        )
 
         status = (await client.get("/singletonjob/jobs")).json()
         assert status["project"] == "example-test"
         assert status["node_id"] == app.state.jobs.node_id
         assert status["store"]["url"] == "memory://"
         by_name = {job["name"]: job for job in status["jobs"]}
-        assert sorted(by_name) == ["daily-report", "heartbeat", "price-tick"]
+        assert sorted(by_name) == ALL_JOBS
         tick = by_name["price-tick"]
         assert tick["is_leader"] is True
         assert tick["last_run"]["outcome"] == "success"
@@ -144,7 +158,7 @@ def test_python_m_example_app_serves_and_exits_0_on_sigterm(tmp_path: Path) -> N
         base = f"http://127.0.0.1:{port}"
         response = wait_for_http(process, f"{base}/", log)
         assert response.status_code == 200
-        assert response.json()["jobs"] == ["daily-report", "heartbeat", "price-tick"]
+        assert response.json()["jobs"] == ALL_JOBS
         deadline = time.monotonic() + 5.0
         while "price-tick #1 " not in log.read_text():
             assert time.monotonic() < deadline, f"price-tick never ran:\n{log.read_text()}"
@@ -155,6 +169,9 @@ def test_python_m_example_app_serves_and_exits_0_on_sigterm(tmp_path: Path) -> N
             "price-tick",
             "heartbeat",
             "daily-report",
+            "cache-refresh",
+            "session-cleanup",
+            "metrics-rollup",
         ]
         health = httpx.get(f"{base}/singletonjob/health", timeout=5.0)
         assert health.status_code == 200, health.text
