@@ -5,7 +5,8 @@ connection pool) elect 1, 10, 100 and 1,000 fixed-rate jobs (every hour, so no r
 while measuring) on a dedicated redis-server. ``INFO commandstats`` and ``INFO stats`` deltas
 over a window give, per replica: the commands it sends (round trips), the commands its scripts
 run on the server, the server time per election round and the bytes per round. The leader is
-measured alone first, then with the follower; the follower's share is the difference.
+measured alone first, then with the follower; the follower's share is the difference. Both use
+``placement="first"``, so that one replica leads every job and the other follows all of them.
 ``MEMORY USAGE`` of a job's lock and fence keys gives the bytes per job.
 """
 
@@ -137,6 +138,7 @@ def _replica(url: str, project: str, node: str | None, count: int) -> Any:
         node_id=node,
         heartbeat_interval=HEARTBEAT_S,
         lock_expiry=LOCK_EXPIRY_S,
+        placement="first",  # one leader of every job, one follower: the two roles' costs
     )
 
     async def job() -> None:

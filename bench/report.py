@@ -1181,6 +1181,8 @@ def scale_section(results: Json, images: dict[str, str]) -> list[str]:
             f"{num(cold['every_replica_first_round_s']['max'] * 1000, 1)} ms",
         ],
         ["leaders after the cold start (node: jobs)", _leaders(cold["leaders"])],
+        ["jobs per replica after the cold start (min / p50 / max)", _per_replica(cold)],
+        ["jobs per replica after the steady window (min / p50 / max)", _per_replica(steady)],
         ["steady: election rounds/s (all replicas)", num(steady["elect_rounds_per_s"], 2)],
         [
             "steady: Redis script time / CPU",
@@ -1209,7 +1211,7 @@ def scale_section(results: Json, images: dict[str, str]) -> list[str]:
         ],
         ["leaders after the outage (node: jobs)", _leaders(outage["leaders"])],
         [
-            "outage: longest time two replicas both held leases",
+            "outage: longest time two replicas held the same job's lease",
             f"{num(outage['dual_leader_s'] * 1000, 0)} ms (polled every "
             f"{num(s['watch_poll_s'] * 1000, 0)} ms)",
         ],
@@ -1220,32 +1222,42 @@ def scale_section(results: Json, images: dict[str, str]) -> list[str]:
     if RECONNECT_PLOT in images:
         lines += [f"![Reconnect times after the Redis restart]({images[RECONNECT_PLOT]})", ""]
     lines += [
-        "Every round of a replica is one script over all its jobs (two keys each), and Redis runs "
-        "scripts one at a time: while the replicas' rounds run, other clients wait, which is "
-        f"what the PING maximum ({num(steady['ping_ms']['max'], 1)} ms) shows. Healthy rounds "
-        "come one heartbeat after the previous one returned, with no jitter, so replicas that "
-        "started together keep renewing together (the busiest 100 ms share above).",
+        "Every round of a replica is one script over the jobs it leads and those whose lease "
+        "may end before its next round (every job at least every half lock expiry, and after "
+        "a release notice), and Redis runs scripts one at a time: while the replicas' rounds "
+        "run, other clients wait, which is what the PING maximum "
+        f"({num(steady['ping_ms']['max'], 1)} ms) shows. Healthy rounds come one heartbeat "
+        "after the previous one was sent, so replicas that started together keep renewing "
+        "together (the busiest 100 ms share above).",
         "",
     ]
     if outage["dual_leader_s"] > 0:
         lines += [
-            "After the restart, Redis had lost every lock: the first replica to come back took "
-            "all jobs while the old leader, whose lease had not run out, still counted itself "
-            "leader until its own next round found the locks taken (the *two replicas held "
-            "leases* line): the bounded overlap of a Redis that loses its keys, described in "
+            "After the restart, Redis had lost every lock: the first replicas to come back took "
+            "the jobs while the old leaders, whose leases had not run out, still counted "
+            "themselves leaders until their own next round found the locks taken (the *same "
+            "job's lease* line): the bounded overlap of a Redis that loses its keys, described in "
             "`docs/design.md` (Known limits), which the fencing token guards against.",
             "",
         ]
     lines += [
-        "One `ELECT` round grants every free lock it asks for, so the first replica to reach an "
-        "empty Redis leads every job: jobs do not spread over the replicas. The retry spread "
-        "comes from the backoff with equal jitter (a follower's n-th failed round waits "
-        "`heartbeat × 2^n`, half of it random, capped at the max backoff); a leader whose lease "
-        "is still valid keeps retrying every heartbeat; whichever replica reaches the empty Redis "
-        "first leads every job after the outage.",
+        'With `placement="spread"` (the default) a replica takes at once only the free locks '
+        "it is preferred for; the others it leaves one round to their preferred replica, and "
+        "jobs then move between runs, two per heartbeat or a tenth of a replica's jobs, to the "
+        "preferred replicas (the *jobs per replica* lines). The retry spread comes from the "
+        "backoff with equal jitter (a follower's n-th failed round waits `heartbeat × 2^n`, "
+        "half of it random, capped at the max backoff); a leader whose lease is still valid "
+        "keeps retrying every heartbeat.",
         "",
     ]
     return lines
+
+
+def _per_replica(part: Json) -> str:
+    spread = part.get("jobs_per_replica")
+    if spread is None:
+        return "not measured"
+    return f"{num(spread['min'])} / {num(spread['p50'])} / {num(spread['max'])}"
 
 
 def _leaders(leaders: dict[str, int]) -> str:

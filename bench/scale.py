@@ -74,12 +74,12 @@ async def serve(args: argparse.Namespace, out: TextIO) -> None:
 
 async def _watch(jobs: Any, emit: Any) -> None:
     """Poll the elector; report each successful round (when it was sent), the first failure
-    of a run of failures, and the number of leases held."""
+    of a run of failures, and the jobs whose leases it holds."""
     elector = jobs.engine.elector
     clock = jobs.clock
     last_ok = None
     failing = False
-    held = 0
+    held: list[str] = []
     while True:
         offset = time.time() - clock.monotonic()  # this replica's monotonic -> wall time
         if elector.last_success_at is not None and elector.last_success_at != last_ok:
@@ -90,10 +90,10 @@ async def _watch(jobs: Any, emit: Any) -> None:
             emit("down", time.time())
         elif not elector.failures:
             failing = False
-        now_held = sum(1 for lease in elector.leases.values() if lease.token is not None)
+        now_held = sorted(job for job, lease in elector.leases.items() if lease.token is not None)
         if now_held != held:
             held = now_held
-            emit("held", time.time(), n=held)
+            emit("held", time.time(), jobs=held)
         await asyncio.sleep(POLL_S)
 
 
@@ -140,25 +140,36 @@ def _tokens(values: list[str]) -> tuple[list[float], dict[str, int]]:
     return times, leaders
 
 
+def _spread(leaders: dict[str, int], replicas: int) -> Json:
+    """How many jobs each replica leads: min, p50, max (replicas leading none count)."""
+    counts = [leaders.get(f"r{i:02d}", 0) for i in range(replicas)]
+    return {"min": min(counts), "p50": percentile(counts, 50), "max": max(counts)}
+
+
 def _overlap_s(events: dict[str, list[Json]], since: float) -> float:
-    """Longest time after ``since`` during which two or more replicas held leases."""
+    """Longest time after ``since`` during which two or more replicas held the lease of the
+    same job (as each replica's own view said)."""
     changes = sorted(
-        (e["t"], node, e["n"])
+        (e["t"], node, frozenset(e["jobs"]))
         for node, rows in events.items()
         for e in rows
         if e["event"] == "held"
     )
-    holding: dict[str, int] = {}
-    longest, began = 0.0, None
-    for t, node, n in changes:
-        holding[node] = n
-        many = sum(1 for v in holding.values() if v > 0) >= 2
-        if many and began is None:
-            began = t
-        elif not many and began is not None:
-            if t > since:
-                longest = max(longest, t - max(began, since))
-            began = None
+    holding: dict[str, frozenset[str]] = {}
+    holders: dict[str, int] = {}
+    began: dict[str, float] = {}
+    longest = 0.0
+    for t, node, jobs in changes:
+        before = holding.get(node, frozenset())
+        holding[node] = jobs
+        for job in jobs - before:
+            holders[job] = holders.get(job, 0) + 1
+            if holders[job] == 2:
+                began[job] = t
+        for job in before - jobs:
+            holders[job] -= 1
+            if holders[job] == 1 and t > since:
+                longest = max(longest, t - max(began.pop(job), since))
     return longest
 
 
@@ -245,6 +256,7 @@ def run(quick: bool, workdir: Path) -> Json:
             if any(e["event"] == "ok" for e in rows)
         ]
         cold = {
+            "jobs_per_replica": _spread(leaders, replicas),
             "all_elected_s": round(max(grants) - t_go, 4),
             "first_elected_s": round(min(grants) - t_go, 4),
             "every_replica_first_round_s": stats(first_rounds, digits=4),
@@ -253,6 +265,9 @@ def run(quick: bool, workdir: Path) -> Json:
 
         # Steady state: what the whole cluster costs Redis, and when its rounds arrive.
         steady = _steady(server, 3.0 if quick else 6.0)
+        steady["jobs_per_replica"] = _spread(
+            _tokens(_wait_elected(server, project, jobs, 5))[1], replicas
+        )
 
         # Outage: kill, wait, restart empty.
         t_kill = time.time()

@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._clock import Clock, SystemClock
 
@@ -27,6 +27,9 @@ __all__ = [
 logger = logging.getLogger("fastapi_singletonjob")
 
 T = TypeVar("T")
+
+UNWIND_S = 1.0
+"""How long a cancelled ``within`` waits for its call to unwind before the cancel goes on."""
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -109,13 +112,24 @@ async def within(call: Awaitable[T], timeout_s: float) -> T:
     try:
         await asyncio.wait({task}, timeout=timeout_s)
     except asyncio.CancelledError:
+        # The call's outcome is not wanted, but it unwinds before the cancel goes on (a Redis
+        # call gives its connection back to the pool, which the caller may be about to close),
+        # for a bounded time, and an error it ends with is not left unretrieved.
+        task.add_done_callback(_discard)
         task.cancel()
+        await asyncio.wait({task}, timeout=UNWIND_S)
         raise
     if not task.done():
+        task.add_done_callback(_discard)
         task.cancel()
         await asyncio.wait({task})
         raise asyncio.TimeoutError
     return task.result()
+
+
+def _discard(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def cancel_and_wait(task: asyncio.Task[None]) -> None:

@@ -20,11 +20,11 @@ from datetime import timedelta
 from typing import Final
 
 from ._checkpoint import DEFAULT_CHECKPOINT_RETENTION_S
-from ._election import lease_deadline
 from ._errors import ConfigurationError
 from ._placement import PlacementName, parse_placement
 from ._redact import check_redis_url, redact_url
 from ._sentinel import is_sentinel_url, parse_sentinel_url
+from ._timing import lease_deadline
 
 __all__ = ["Duration", "Settings", "check_name", "to_seconds"]
 

@@ -20,17 +20,17 @@ from typing import Literal
 
 from ._aio import Alarm, listen_for_releases, within
 from ._clock import Clock
-from ._lease import OWNER_SEPARATOR, Lease, node_of
+from ._lease import OWNER_SEPARATOR, Lease
 from ._placement import Spreader
 from ._store import LeaseReply, LeaseRequest, LeaseStore
 from ._telemetry import Telemetry
 from ._terms import Terms
-from ._timing import WATCH_STEP_S, asks_about, lease_deadline, next_attempt_delay, soonest_end_s
+from ._timing import WATCH_STEP_S, asks_about, call_timeout_s, next_attempt_delay, soonest_end_s
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_US = timedelta(microseconds=1)
 
-__all__ = ["Elector", "Lease", "lease_deadline", "next_attempt_delay", "node_of"]
+__all__ = ["Elector"]
 
 logger = logging.getLogger("fastapi_singletonjob.election")
 
@@ -219,14 +219,13 @@ class Elector:
         ]
         holders = {request.job: self.leases[request.job].holder for request in requests}
         sent_at = self._clock.monotonic()
+        timeout_s = call_timeout_s(self._longest_ttl_s, self._heartbeat_s)
         try:
             # A node with a membership record renews it in every round, jobs or not.
             if requests or getattr(self._store, "membership", None) is not None:
-                replies = await within(
-                    self._store.elect(self.owner, requests), self._call_timeout(sent_at)
-                )
+                replies = await within(self._store.elect(self.owner, requests), timeout_s)
             else:  # no job to elect: still find out whether the store answers
-                await within(self._store.ping(), self._call_timeout(sent_at))
+                await within(self._store.ping(), timeout_s)
                 replies = []
         except Exception as exc:  # any failure of the store is retried with backoff
             self._telemetry.election_round(self._clock.monotonic() - sent_at, exc)
@@ -296,14 +295,6 @@ class Elector:
     @property
     def _longest_ttl_s(self) -> float:
         return max((lease.ttl_s for lease in self.leases.values()), default=self._heartbeat_s)
-
-    def _call_timeout(self, sent_at: float) -> float:
-        # An answer is useful only while the leases it grants are: past the deadline of the
-        # longest of them it grants nothing. Terms end at their own deadlines meanwhile
-        # (_watch_deadlines), so a slow store cannot keep a stale leader going; and a round
-        # trip longer than a heartbeat still renews.
-        ttl_s = self._longest_ttl_s
-        return max(lease_deadline(sent_at, ttl_s) - sent_at, self._heartbeat_s / 10)
 
     def _on_success(self, sent_at: float, replies: list[LeaseReply]) -> None:
         if self.failures:

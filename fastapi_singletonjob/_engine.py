@@ -37,8 +37,9 @@ from ._backend import Store
 from ._checkpoint import DEFAULT_MAX_STATE_BYTES
 from ._clock import Clock
 from ._config import Settings
-from ._election import Elector, Lease
+from ._election import Elector
 from ._job import JobSpec
+from ._lease import Lease
 from ._membership import VERSION, MemberRecord, Membership
 from ._progress import Progress
 from ._run import JobRunner

@@ -41,8 +41,8 @@ from redis.exceptions import (
 from . import _keys, _scripts
 from ._cluster_url import seed_urls
 from ._redact import redact_url
-from ._redis_options import forced_options, no_maint_notifications
-from ._redis_store import DEFAULT_MAX_CONNECTIONS, ELECTION_CONNECTIONS, RedisLeaseStore
+from ._redis_options import checked_pool_size, forced_options, no_maint_notifications
+from ._redis_store import ELECTION_CONNECTIONS, RedisLeaseStore
 from ._store import DEFAULT_KEEPALIVE_S, LeaseReply, LeaseRequest, StoreMismatch, StoreReadOnly
 
 __all__ = ["ClusterLeaseStore"]
@@ -133,14 +133,7 @@ class ClusterLeaseStore(RedisLeaseStore):
         max_connections: int | None = None,
     ) -> None:
         # Not RedisLeaseStore.__init__: it builds connection pools for one server.
-        if (url is None) == (client is None):
-            raise ValueError("pass exactly one of url= or client=")
-        size = DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(
-                f"max_connections={max_connections!r} must be a whole number of at least 1, "
-                "such as max_connections=4, or None for the default"
-            )
+        size = checked_pool_size(url, client, max_connections)
         self._project = project
         self._connect_timeout_s = connect_timeout_s
         if client is not None:

@@ -13,12 +13,33 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 __all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "checked_pool_size",
     "forced_options",
     "no_maint_notifications",
     "no_retry",
     "options_from_client",
     "options_from_url",
 ]
+
+
+DEFAULT_MAX_CONNECTIONS = 4
+"""Connections of the claims' pool when the caller does not size it; more claims wait their
+turn."""
+
+
+def checked_pool_size(url: str | None, client: object, max_connections: int | None) -> int:
+    """A store's arguments checked (exactly one of ``url`` and ``client``), and the size of
+    its claims' pool."""
+    if (url is None) == (client is None):
+        raise ValueError("pass exactly one of url= or client=")
+    size = DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(
+            f"max_connections={max_connections!r} must be a whole number of at least 1, "
+            "such as max_connections=4, or None for the default"
+        )
+    return size
 
 
 def no_retry() -> Retry:

@@ -34,6 +34,8 @@ from ._claims import RedisClaims
 from ._control_store import RedisControls
 from ._redact import redact_url
 from ._redis_options import (
+    DEFAULT_MAX_CONNECTIONS,
+    checked_pool_size,
     no_maint_notifications,
     options_from_client,
     options_from_url,
@@ -57,9 +59,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_CONNECTIONS = 4
-"""Connections of the claims' pool when the caller does not size it; more claims wait their
-turn."""
 
 ELECTION_CONNECTIONS = 2
 """Connections of the election's own pool: a round, and a release at the same time (a job that
@@ -96,14 +95,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
         connect_timeout_s: float = 5.0,
         max_connections: int | None = None,
     ) -> None:
-        if (url is None) == (client is None):
-            raise ValueError("pass exactly one of url= or client=")
-        size = DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(
-                f"max_connections={max_connections!r} must be a whole number of at least 1, "
-                "such as max_connections=4, or None for the default"
-            )
+        size = checked_pool_size(url, client, max_connections)
         self._project = project
         self._connect_timeout_s = connect_timeout_s
         if client is not None:

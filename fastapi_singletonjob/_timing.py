@@ -38,6 +38,14 @@ def lease_deadline(sent_at: float, ttl_s: float) -> float:
     return sent_at + ttl_s * (1 - CLOCK_RATE_ERROR) - margin
 
 
+def call_timeout_s(longest_ttl_s: float, heartbeat_s: float) -> float:
+    """How long an election call may take. An answer is useful only while the leases it
+    grants are: past the deadline of the longest of them it grants nothing. Terms end at
+    their own deadlines meanwhile, so a slow store cannot keep a stale leader going; and a
+    round trip longer than a heartbeat still renews."""
+    return max(lease_deadline(0.0, longest_ttl_s), heartbeat_s / 10)
+
+
 def next_attempt_delay(
     *,
     heartbeat_s: float,

@@ -31,7 +31,7 @@ from fastapi_singletonjob import (
     SingletonJobs,
 )
 from fastapi_singletonjob._config import min_lock_expiry_s
-from fastapi_singletonjob._election import lease_deadline
+from fastapi_singletonjob._timing import lease_deadline
 
 LOGGER = "fastapi_singletonjob"
 ENV = "SINGLETONJOB_"

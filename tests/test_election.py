@@ -7,12 +7,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import pytest
 
-from fastapi_singletonjob._election import (
-    Elector,
-    Lease,
-    lease_deadline,
-    next_attempt_delay,
-)
+from fastapi_singletonjob._election import Elector
+from fastapi_singletonjob._lease import Lease
 from fastapi_singletonjob._store import (
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
@@ -20,6 +16,7 @@ from fastapi_singletonjob._store import (
     LeaseRequest,
     MemoryLeaseStore,
 )
+from fastapi_singletonjob._timing import lease_deadline, next_attempt_delay
 from fastapi_singletonjob.testing import FakeClock
 
 HEARTBEAT = 1.0

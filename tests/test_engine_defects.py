@@ -16,7 +16,8 @@ from waiting import wait_until
 
 from fastapi_singletonjob import JobContext, SingletonJobs
 from fastapi_singletonjob._clock import SystemClock
-from fastapi_singletonjob._election import Elector, Lease
+from fastapi_singletonjob._election import Elector
+from fastapi_singletonjob._lease import Lease
 from fastapi_singletonjob._store import (
     DEFAULT_KEEPALIVE_S,
     LeaseReply,

@@ -20,7 +20,7 @@ from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
 from fastapi_singletonjob import JobContext, Outcome, SingletonJobs, _keys
-from fastapi_singletonjob._election import Lease
+from fastapi_singletonjob._lease import Lease
 
 pytestmark = pytest.mark.redis
 

@@ -34,7 +34,7 @@ from fault_proxy import FaultProxy
 from servers import HOST, RedisServer, RedisServerFactory, free_port
 from waiting import wait_until
 
-from fastapi_singletonjob._election import lease_deadline
+from fastapi_singletonjob._timing import lease_deadline
 
 from .checker import Event, JournalReader, Run, Term, build_runs, terms
 from .replica import CONFIG_ENV, JobConfig, ReplicaConfig, counter_key, fence_keys, now
