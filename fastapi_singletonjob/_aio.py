@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._clock import Clock, SystemClock
 
 if TYPE_CHECKING:
-    from ._store import LeaseStore
+    from ._store import LeaseStore, ReleaseListener
 
 __all__ = [
     "Alarm",
@@ -174,7 +174,7 @@ async def call_in_thread(
 
 async def listen_for_releases(
     store: LeaseStore,
-    on_release: Callable[[], None],
+    on_release: ReleaseListener,
     *,
     keepalive_s: float,
     retry_delay: Callable[[int], float],

@@ -225,7 +225,7 @@ class MemoryControls:
             changed = key not in self._data.controls
             self._data.controls[key] = value
         for listener in list(self._data.listeners):
-            listener()
+            listener(None)
         return changed
 
     async def leave(self) -> None:

@@ -82,6 +82,8 @@ class Elector:
         self._full_round = True
         """Ask about every job in the next round (the first, and the one after a notice)."""
         self._next_full_at = float("-inf")
+        self._noticed: set[str] = set()
+        """Jobs named by release notices since the last round: asked about in the next."""
         self._spread = (
             Spreader(
                 node_id,
@@ -128,10 +130,14 @@ class Elector:
         """Run a round now instead of waiting out the backoff (the store answers again)."""
         self._wake.ring()
 
-    def wake(self) -> None:
-        """Run a round now (a lock was released somewhere)."""
+    def wake(self, jobs: frozenset[str] | None = None) -> None:
+        """Run a round now: ``jobs`` were released somewhere (None: a control changed, or the
+        notice named no job), and the round asks about them, whatever their seen leases."""
         self._notice_at = self._clock.monotonic()
-        self._full_round = True
+        if jobs is None:
+            self._full_round = True
+        else:
+            self._noticed |= jobs
         self._wake.ring()
 
     # -- the loop -------------------------------------------------------------------------
@@ -163,7 +169,7 @@ class Elector:
                 ready.set()
             while True:
                 delay = await self.round()
-                await self._pause(delay)
+                await self._wake.wait(delay)  # or at a notice; terms end at their deadlines
         finally:
             for helper in helpers:
                 helper.cancel()
@@ -195,12 +201,13 @@ class Elector:
         now = self._clock.monotonic()
         if self._spread is not None:
             self._spread.refresh(self.leases)
-        # Every job is asked about after a notice, a failure, and at least every half lease
-        # time: a lock lost in Redis under a stopped leader is taken within that, not at
-        # the end of the lease the followers last saw.
+        # Every job is asked about after a control notice (a release notice: the jobs it
+        # names), a failure, and at least every half lease time: a lock lost in Redis under a
+        # stopped leader is taken within that, not at the end of the lease last seen.
         full = self._full_round or self.failures > 0 or now >= self._next_full_at
         if full:
             self._full_round, self._next_full_at = False, now + self._shortest_ttl_s / 2
+        noticed, self._noticed = self._noticed, set()  # asked about whatever their leases
         requests = [
             LeaseRequest(
                 lease.job,
@@ -213,8 +220,7 @@ class Elector:
             if lease.wanted
             and (self.terms.acquiring or lease.token is not None)
             and (
-                lease.token is not None
-                or (not self._resting(lease, now) and self._asks(lease, now, full))
+                lease.token is not None or self._competes(lease, now, full or lease.job in noticed)
             )
         ]
         holders = {request.job: self.leases[request.job].holder for request in requests}
@@ -254,18 +260,17 @@ class Elector:
         # a heartbeat, and a lease whose deadline comes before the next reply would lapse.
         return max(0.0, self._delay() - (self._clock.monotonic() - sent_at))
 
-    def _asks(self, lease: Lease, now: float, full: bool) -> bool:
-        """Whether a follower asks about ``lease`` in this round: in a full one, else
-        when its holder's lease may end before the next (``asks_about``)."""
+    def _competes(self, lease: Lease, now: float, full: bool) -> bool:
+        """Whether a follower asks about ``lease`` in this round: not while it rests after
+        handing the job over (for one lock expiry, unless it was a placement move and this
+        node is now preferred); else in a full round (or one after a notice that named the
+        job), or when its holder's lease may end before the next round."""
+        spread = self._spread
+        if lease.rest_until > now and not (spread is not None and spread.back_in(lease.job)):
+            return False
         return full or asks_about(
             lease.holder, lease.observed_at, lease.holder_ttl_s, now, self._heartbeat_s
         )
-
-    def _resting(self, lease: Lease, now: float) -> bool:
-        """Whether this node stays out of ``lease``'s election after handing it over: for
-        one lock expiry, unless it was a placement move and this node is now preferred."""
-        spread = self._spread
-        return lease.rest_until > now and not (spread is not None and spread.back_in(lease.job))
 
     async def _hand_over(self) -> None:
         """Release, between runs, the jobs an operator asked this node to step down from and,
@@ -342,10 +347,6 @@ class Elector:
             holder_ttl_s=None,
             jitter=self._rng(),
         )
-
-    async def _pause(self, delay: float) -> None:
-        # Wake early for a release notice; terms end at their deadlines in _watch_deadlines.
-        await self._wake.wait(delay)
 
     # -- shutdown -------------------------------------------------------------------------
 

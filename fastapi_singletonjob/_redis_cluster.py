@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, cast
 
 from redis.asyncio import Redis, RedisCluster
@@ -43,7 +43,14 @@ from ._cluster_url import seed_urls
 from ._redact import redact_url
 from ._redis_options import checked_pool_size, forced_options, no_maint_notifications
 from ._redis_store import ELECTION_CONNECTIONS, RedisLeaseStore
-from ._store import DEFAULT_KEEPALIVE_S, LeaseReply, LeaseRequest, StoreMismatch, StoreReadOnly
+from ._store import (
+    DEFAULT_KEEPALIVE_S,
+    LeaseReply,
+    LeaseRequest,
+    ReleaseListener,
+    StoreMismatch,
+    StoreReadOnly,
+)
 
 __all__ = ["ClusterLeaseStore"]
 
@@ -224,7 +231,7 @@ class ClusterLeaseStore(RedisLeaseStore):
         return pubsub.ssubscribe(self._channel)
 
     async def listen_releases(
-        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
         """See ``RedisLeaseStore.listen_releases``; follows the slot when it moves."""
         try:

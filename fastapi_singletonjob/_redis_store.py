@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
@@ -45,9 +45,11 @@ from ._store import (
     DEFAULT_MAX_AHEAD_US,
     LeaseReply,
     LeaseRequest,
+    ReleaseListener,
     StoreMismatch,
     StoreReadOnly,
     is_lock_value,
+    parse_notice,
 )
 
 __all__ = [
@@ -220,7 +222,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
         return int(released)
 
     async def listen_releases(
-        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
         """See ``LeaseStore.listen_releases``: a subscription on a connection of its own.
 
@@ -264,7 +266,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
                 heard_at, awaiting_since = loop.time(), None
                 kind = message.get("type")
                 if kind in ("message", "smessage"):
-                    on_release()
+                    on_release(parse_notice(message.get("data", b"")))
                 elif kind == "sunsubscribe":  # a cluster moved the slot away from this node
                     raise ConnectionError(
                         f"the release subscription to {self._shown} was ended by the server: "

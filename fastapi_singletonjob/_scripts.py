@@ -197,20 +197,23 @@ return changed
 # ARGV[2i+2] - the instant of the last run the caller started for job i, in µs, or ""
 #
 # Deletes a lock only while it still holds that exact value (same holder, same term), then
-# publishes the number of locks deleted when it is not zero. Returns that number. An empty value
-# deletes nothing (the caller never sends a value this library does not write). With a lock it
-# deletes, it also raises the job's "last instant" to the given one (unless that lies ahead of
-# the server clock): a successor whose wall clock is behind then never runs that instant again,
-# even for schedules that claim only the first instant of a term (sub-second fixed rate).
-# That record is written with pcall: out of memory, the lock is still released.
+# publishes "jobs <name> <name> ..." (the jobs whose locks it deleted, read from their keys)
+# when it deleted any, so that the other nodes ask about those jobs only. Returns how many.
+# An empty value deletes nothing (the caller never sends a value this library does not write).
+# With a lock it deletes, it also raises the job's "last instant" to the given one (unless that
+# lies ahead of the server clock): a successor whose wall clock is behind then never runs that
+# instant again, even for schedules that claim only the first instant of a term (sub-second
+# fixed rate). That record is written with pcall: out of memory, the lock is still released.
 RELEASE = """
 local released = 0
+local names = {}
 local now_us = nil
 for i = 1, #KEYS / 2 do
   local value, last = ARGV[2 * i + 1], ARGV[2 * i + 2]
   if value ~= '' and redis.call('GET', KEYS[2 * i - 1]) == value then
     redis.call('DEL', KEYS[2 * i - 1])
     released = released + 1
+    table.insert(names, string.match(KEYS[2 * i - 1], ':([^:]+):lock$') or '')
     if last ~= '' then
       if not now_us then
         local t = redis.call('TIME')
@@ -225,7 +228,7 @@ for i = 1, #KEYS / 2 do
   end
 end
 if released > 0 then
-  redis.call('PUBLISH', ARGV[1], released)
+  redis.call('PUBLISH', ARGV[1], 'jobs ' .. table.concat(names, ' '))
 end
 return released
 """

@@ -38,10 +38,12 @@ __all__ = [  # lock values live in _lease; re-exported for the stores' callers
     "CheckpointStore",
     "LeaseStore",
     "MemoryLeaseStore",
+    "ReleaseListener",
     "StoreMismatch",
     "StoreReadOnly",
     "is_lock_value",
     "parse_lock_value",
+    "parse_notice",
     "shown_lock_value",
 ]
 
@@ -54,6 +56,22 @@ DEFAULT_KEEPALIVE_S = 5.0
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_US = timedelta(microseconds=1)
+
+ReleaseListener = Callable[[frozenset[str] | None], None]
+"""What a release listener calls: with the names of the jobs whose locks a node released
+(ask about those), or None when a notice names none (an operator's control, a node of an
+older version): ask about every job."""
+
+_NOTICE_PREFIX = "jobs "
+
+
+def parse_notice(data: str | bytes) -> frozenset[str] | None:
+    """The jobs a release notice names (``RELEASE`` publishes "jobs <name> <name> ..."),
+    or None for any other message."""
+    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+    if not text.startswith(_NOTICE_PREFIX):
+        return None
+    return frozenset(text[len(_NOTICE_PREFIX) :].split())
 
 
 class StoreReadOnly(ConnectionError):
@@ -162,9 +180,11 @@ class LeaseStore(Protocol):
         ...
 
     async def listen_releases(
-        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
-        """Call ``on_release`` whenever a node releases locks; runs until cancelled or broken.
+        """Call ``on_release`` whenever a node releases locks (with the names of the jobs, see
+        ``ReleaseListener``) or an operator changes a control (with None); runs until
+        cancelled or broken.
 
         After ``keepalive_s`` of silence it checks its connection (a PING on Redis) and raises
         ``ConnectionError`` when no reply comes within another ``keepalive_s``, so that a
@@ -229,7 +249,7 @@ class _MemoryData:
     fences: dict[str, int] = field(default_factory=dict)
     claimed: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per job key: the last instant claimed (µs) and the token of the term that claimed it."""
-    listeners: set[Callable[[], None]] = field(default_factory=set)
+    listeners: set[ReleaseListener] = field(default_factory=set)
     checkpoints: dict[str, tuple[dict[str, str], float]] = field(default_factory=dict)
     """Per job key: the checkpoint's fields (as the Redis hash holds them) and its expiry."""
     members: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -321,8 +341,9 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
                     if instant > self._data.claimed.get(key, (-1, 0))[0]:
                         self._data.claimed[key] = (instant, token)
         if released:
+            names = frozenset(job for job in values if self._key(job) not in self._data.locks)
             for listener in list(self._data.listeners):
-                listener()
+                listener(names)
         return released
 
     async def claim(
@@ -351,7 +372,7 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
         return 1
 
     async def listen_releases(
-        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
         """See ``LeaseStore.listen_releases``; in one process there is no connection to
         check, so ``keepalive_s`` is not used."""

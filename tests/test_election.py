@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
 
@@ -15,6 +15,7 @@ from fastapi_singletonjob._store import (
     LeaseReply,
     LeaseRequest,
     MemoryLeaseStore,
+    ReleaseListener,
 )
 from fastapi_singletonjob._timing import lease_deadline, next_attempt_delay
 from fastapi_singletonjob.testing import FakeClock
@@ -56,7 +57,7 @@ class FlakyStore:
         return await self.inner.claim(job, value, instant_us, max_ahead_us=max_ahead_us)
 
     async def listen_releases(
-        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
         await self.inner.listen_releases(on_release)
 

@@ -23,6 +23,7 @@ from fastapi_singletonjob._store import (
     LeaseReply,
     LeaseRequest,
     MemoryLeaseStore,
+    ReleaseListener,
 )
 from fastapi_singletonjob._store import LeaseStore as LeaseStoreLike
 from fastapi_singletonjob.testing import FakeClock
@@ -39,7 +40,7 @@ class SlowReplyStore(MemoryLeaseStore):
         return replies
 
     async def listen_releases(
-        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
         await asyncio.Event().wait()
 

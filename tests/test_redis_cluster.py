@@ -171,7 +171,7 @@ async def test_the_release_notice_is_sharded_on_the_slot_master(
     try:
         reply = (await store.elect("n1", [LeaseRequest("job", T)]))[0]
         listener = asyncio.create_task(
-            store.listen_releases(lambda: heard.append(time.monotonic()), keepalive_s=1.0)
+            store.listen_releases(lambda _jobs: heard.append(time.monotonic()), keepalive_s=1.0)
         )
 
         def subscribed() -> bool:

@@ -35,6 +35,7 @@ from fastapi_singletonjob._store import (
     LeaseRequest,
     LeaseStore,
     MemoryLeaseStore,
+    parse_notice,
 )
 
 TTL_S = 1.0
@@ -232,7 +233,7 @@ async def test_release_deletes_only_the_value_given(case: Case) -> None:
 
 async def test_release_notifies_subscriber(case: Case) -> None:
     calls: list[float] = []
-    listener = asyncio.create_task(case.store.listen_releases(lambda: calls.append(0.0)))
+    listener = asyncio.create_task(case.store.listen_releases(lambda _jobs: calls.append(0.0)))
     try:
         await wait_until(lambda: case.subscribers() >= 1, 2.0, "the listener subscribed")
         mine = await elect_one(case.store, "n1")
@@ -254,6 +255,26 @@ async def test_release_notifies_subscriber(case: Case) -> None:
         with pytest.raises(asyncio.CancelledError):
             await listener
     await wait_until(lambda: case.subscribers() == 0, 2.0, "the listener unsubscribed")
+
+
+async def test_a_release_notice_names_the_jobs_released(case: Case) -> None:
+    heard: list[frozenset[str] | None] = []
+    listener = asyncio.create_task(case.store.listen_releases(heard.append))
+    try:
+        await wait_until(lambda: case.subscribers() >= 1, 2.0, "the listener subscribed")
+        jobs = ["job-a", "job.b", "job_c"]
+        mine = await case.store.elect("n1", [LeaseRequest(job, TTL_S) for job in jobs])
+        values = {reply.job: reply.value for reply in mine if reply.value is not None}
+        assert set(values) == set(jobs), mine
+        values["job_c"] = "1|somebody-else"  # not released, so not named
+        assert await case.store.release("n1", values) == 2
+        await wait_until(lambda: len(heard) >= 1, 2.0, "the release notice")
+        # The others ask about these jobs only, not about every job.
+        assert heard == [frozenset({"job-a", "job.b"})]
+    finally:
+        listener.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await listener
 
 
 async def test_many_jobs_in_one_elect(case: Case) -> None:
@@ -583,3 +604,11 @@ async def test_an_evicting_policy_is_warned_about(
     assert len(warnings) == (1 if warns else 0)
     if warns:
         assert policy in warnings[0].getMessage()
+
+
+def test_a_notice_that_names_no_job_asks_about_every_job() -> None:
+    assert parse_notice(b"jobs a b") == frozenset({"a", "b"})
+    assert parse_notice("jobs ") == frozenset()
+    # An operator's control, and the count an older version published: every job.
+    assert parse_notice(b"control") is None
+    assert parse_notice(b"3") is None

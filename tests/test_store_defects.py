@@ -174,7 +174,7 @@ async def test_item5_forty_claims_and_an_elect_with_the_default_pool(
 ) -> None:
     """40 cron jobs on one instant, a renewal, and the release subscription: the calls wait
     for a free connection instead of failing with "Too many connections"."""
-    listener = asyncio.create_task(store.listen_releases(lambda: None))
+    listener = asyncio.create_task(store.listen_releases(lambda _jobs: None))
     try:
         await listening(listener, numsub(redis_server, unique_project))
         await claims_and_an_elect(store, 40)
@@ -203,7 +203,7 @@ async def test_item5_the_pool_size_holds_and_the_listener_is_apart(
         with redis_server.client() as client:
             return sum(1 for c in client.client_list() if c["name"] == name)
 
-    listener = asyncio.create_task(lease_store.listen_releases(lambda: None))
+    listener = asyncio.create_task(lease_store.listen_releases(lambda _jobs: None))
     try:
         assert lease_store.max_connections == 1
         await listening(listener, numsub(redis_server, unique_project))
@@ -233,7 +233,7 @@ async def test_item9_a_silently_dead_subscription_raises(
     async with FaultProxy(HOST, redis_server.port) as proxy:
         lease_store = RedisLeaseStore(unique_project, url=proxy.url, connect_timeout_s=1.0)
         listener = asyncio.create_task(
-            lease_store.listen_releases(lambda: None, keepalive_s=KEEPALIVE_S)
+            lease_store.listen_releases(lambda _jobs: None, keepalive_s=KEEPALIVE_S)
         )
         try:
             await listening(listener, numsub(redis_server, unique_project))
@@ -262,7 +262,9 @@ async def test_item9_a_new_subscription_hears_releases_after_the_old_one_died(
     async with FaultProxy(HOST, redis_server.port) as proxy:
         lease_store = RedisLeaseStore(unique_project, url=proxy.url, connect_timeout_s=1.0)
         first = asyncio.create_task(
-            lease_store.listen_releases(lambda: heard.append("first"), keepalive_s=KEEPALIVE_S)
+            lease_store.listen_releases(
+                lambda _jobs: heard.append("first"), keepalive_s=KEEPALIVE_S
+            )
         )
         second: asyncio.Task[None] | None = None
         try:
@@ -273,7 +275,9 @@ async def test_item9_a_new_subscription_hears_releases_after_the_old_one_died(
             before = subscribers()  # the server may still count the dead connection
 
             task = asyncio.create_task(
-                lease_store.listen_releases(lambda: heard.append("second"), keepalive_s=KEEPALIVE_S)
+                lease_store.listen_releases(
+                    lambda _jobs: heard.append("second"), keepalive_s=KEEPALIVE_S
+                )
             )
             second = task
             await wait_until(
@@ -302,7 +306,7 @@ async def test_item9_a_subscription_that_cannot_connect_raises(
             began = time.monotonic()
             with pytest.raises(ConnectionError):
                 await asyncio.wait_for(
-                    lease_store.listen_releases(lambda: None, keepalive_s=KEEPALIVE_S), 5.0
+                    lease_store.listen_releases(lambda _jobs: None, keepalive_s=KEEPALIVE_S), 5.0
                 )
             assert time.monotonic() - began <= 0.2 + KEEPALIVE_S + SLACK_S
         finally:

@@ -73,6 +73,7 @@ from fastapi_singletonjob._store import (
     DEFAULT_MAX_AHEAD_US,
     LeaseReply,
     LeaseRequest,
+    ReleaseListener,
 )
 from fastapi_singletonjob._telemetry import Telemetry
 from fastapi_singletonjob._timing import WATCH_STEP_S, lease_deadline
@@ -447,7 +448,7 @@ class Server:
         """``(job, lock value)`` deleted by ``RELEASE`` (graceful handovers): False when the
         release refused to record the last instant, as too far ahead of the server's clock.
         (Locks of several jobs acquired at once have the same value.)"""
-        self._subscribers: dict[int, tuple[Callable[[], None], asyncio.Future[None]]] = {}
+        self._subscribers: dict[int, tuple[ReleaseListener, asyncio.Future[None]]] = {}
         self._next_subscriber = 0
 
     @property
@@ -494,14 +495,17 @@ class Server:
         return out
 
     def release(self, max_ahead_us: int, jobs: Sequence[tuple[str, str, str]]) -> int:
-        """``RELEASE``: per ``(job, value, last instant µs or "")``; publishes the count."""
+        """``RELEASE``: per ``(job, value, last instant µs or "")``; publishes the jobs
+        released."""
         released = 0
+        names: set[str] = set()
         now_us: int | None = None
         for job, value, last in jobs:
             if value == "" or self._get(job) != value:
                 continue
             del self.locks[job]
             released += 1
+            names.add(job)
             self.released[job, value] = True
             if last == "":
                 continue
@@ -516,7 +520,7 @@ class Server:
                 self.last[job] = f"{last}:{token.group(1)}"
                 self.recorded.setdefault((job, instant), int(token.group(1)))
         if released > 0:
-            self.publish()
+            self.publish(frozenset(names))
         return released
 
     def claim(self, job: str, value: str, instant_us: int, max_ahead_us: int) -> int:
@@ -545,12 +549,13 @@ class Server:
 
     # pub/sub
 
-    def publish(self) -> None:
+    def publish(self, jobs: frozenset[str] | None) -> None:
+        """Deliver a notice naming ``jobs`` (None: a notice that names none)."""
         loop = asyncio.get_running_loop()
         for callback, _ in list(self._subscribers.values()):  # in subscription order
-            loop.call_later(LATENCY_S, callback)
+            loop.call_later(LATENCY_S, callback, jobs)
 
-    async def subscribe(self, on_release: Callable[[], None]) -> None:
+    async def subscribe(self, on_release: ReleaseListener) -> None:
         """Hold a subscription until it breaks (``ConnectionError`` on a restart)."""
         if self.down:
             raise StoreDown("connection refused: the store is restarting")
@@ -679,7 +684,7 @@ class NodeStore:
         )
 
     async def listen_releases(
-        self, on_release: Callable[[], None], *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
         await self._link.subscribe(on_release)
 
@@ -899,7 +904,7 @@ class Link:
         await node.clock.gate()  # nor reads a reply
         return result
 
-    async def subscribe(self, on_release: Callable[[], None]) -> None:
+    async def subscribe(self, on_release: ReleaseListener) -> None:
         await self._node.clock.gate()
         await asyncio.sleep(LATENCY_S)
         await self._node.sim.server.subscribe(on_release)
