@@ -1182,7 +1182,13 @@ def scale_section(results: Json, images: dict[str, str]) -> list[str]:
         ],
         ["leaders after the cold start (node: jobs)", _leaders(cold["leaders"])],
         ["jobs per replica after the cold start (min / p50 / max)", _per_replica(cold)],
-        ["jobs per replica after the steady window (min / p50 / max)", _per_replica(steady)],
+        [
+            'placement settled (every job led, no move for a heartbeat + 1 s), after "go"',
+            "not within 2 min"
+            if steady.get("settled_after_go_s") is None
+            else f"{num(steady['settled_after_go_s'], 1)} s",
+        ],
+        ["jobs per replica once settled (min / p50 / max)", _per_replica(steady)],
         ["steady: election rounds/s (all replicas)", num(steady["elect_rounds_per_s"], 2)],
         [
             "steady: Redis script time / CPU",
@@ -1243,7 +1249,8 @@ def scale_section(results: Json, images: dict[str, str]) -> list[str]:
     lines += [
         'With `placement="spread"` (the default) a replica takes at once only the free locks '
         "it is preferred for; the others it leaves one round to their preferred replica, and "
-        "jobs then move between runs, two per heartbeat or a tenth of a replica's jobs, to the "
+        "jobs then move between runs, two per heartbeat or half a replica's excess over its "
+        "fair share, to the "
         "preferred replicas (the *jobs per replica* lines). The retry spread comes from the "
         "backoff with equal jitter (a follower's n-th failed round waits `heartbeat × 2^n`, "
         "half of it random, capped at the max backoff); a leader whose lease is still valid "

@@ -128,6 +128,27 @@ def _wait_elected(server: RedisServer, project: str, jobs: int, timeout_s: float
         time.sleep(0.01)
 
 
+def _wait_settled(
+    server: RedisServer, project: str, jobs: int, stable_s: float, timeout_s: float
+) -> tuple[float | None, dict[str, int]]:
+    """Wait until every job has a leader and no leader changed for ``stable_s`` (placement
+    moves over); the seconds that took (None: not within ``timeout_s``) and the jobs per
+    leader at the end."""
+    started = time.monotonic()
+    last: list[str | None] = []
+    since = started
+    while True:
+        values = [v.rpartition("|")[2] if v else None for v in _locks(server, project, jobs)]
+        now = time.monotonic()
+        if values != last or None in values:
+            last, since = values, now
+        elif now - since >= stable_s:
+            return round(since - started, 2), _tokens([v for v in values if v])[1]
+        if now - started > timeout_s:
+            return None, _tokens([f"0|{v}" for v in values if v])[1]
+        time.sleep(0.2)
+
+
 def _tokens(values: list[str]) -> tuple[list[float], dict[str, int]]:
     """Grant times (server wall time, s) and jobs per leader node."""
     times: list[float] = []
@@ -263,11 +284,15 @@ def run(quick: bool, workdir: Path) -> Json:
             "leaders": dict(sorted(leaders.items())),
         }
 
-        # Steady state: what the whole cluster costs Redis, and when its rounds arrive.
-        steady = _steady(server, 3.0 if quick else 6.0)
-        steady["jobs_per_replica"] = _spread(
-            _tokens(_wait_elected(server, project, jobs, 5))[1], replicas
+        # Steady state, once placement moves are over: what the whole cluster costs Redis,
+        # and when its rounds arrive.
+        since_go_s = time.time() - t_go
+        settled_s, leaders_settled = _wait_settled(
+            server, project, jobs, stable_s=HEARTBEAT_S + 1.0, timeout_s=120.0
         )
+        steady = _steady(server, 3.0 if quick else 6.0)
+        steady["settled_after_go_s"] = None if settled_s is None else since_go_s + settled_s
+        steady["jobs_per_replica"] = _spread(leaders_settled, replicas)
 
         # Outage: kill, wait, restart empty.
         t_kill = time.time()

@@ -88,7 +88,7 @@ def rank(job: str, node_ids: Iterable[str]) -> list[str]:
 class Placement:
     """One node's view of who should lead what, rebuilt from each membership it reads."""
 
-    __slots__ = ("_moves", "_node_id", "_preferred")
+    __slots__ = ("_fair", "_moves", "_node_id", "_preferred")
 
     def __init__(self, node_id: str, *, moves_per_round: int = DEFAULT_MOVES_PER_ROUND) -> None:
         if moves_per_round < 1:
@@ -96,6 +96,8 @@ class Placement:
         self._node_id = node_id
         self._moves = moves_per_round
         self._preferred: dict[str, str] = {}
+        self._fair = 0
+        """This node's fair share: its jobs over the nodes that may lead them, rounded up."""
 
     def update(self, candidates: Iterable[Candidate], jobs: Iterable[str]) -> None:
         """Recompute the preferred node of each of ``jobs`` (this node's) from the live
@@ -109,6 +111,7 @@ class Placement:
                 able = [candidate.node_id for candidate in live if job in candidate.jobs]
             if able:
                 self._preferred[job] = rank(job, able)[0]
+        self._fair = -(-len(self._preferred) // max(1, len(settled)))
 
     def preferred(self, job: str) -> str | None:
         """The node that should lead ``job``; None when no membership names it."""
@@ -127,12 +130,13 @@ class Placement:
         """The jobs this node should hand over now: among those it leads and that have no run
         in flight (``idle[job]``), each whose preferred node leads at least two jobs fewer
         than this one (``counts``: jobs led per node id, as this node last saw them), at most
-        ``moves_per_round`` or a tenth of those it leads, in name order. The margin keeps
+        ``moves_per_round`` or half its excess over its fair share (a node that took every
+        job on a cold start spreads them in a few rounds), in name order. The margin keeps
         what is balanced in place: a node that leads one job never hands it over, and
         leadership settles without moves back and forth."""
         counts = dict(counts)
         led = list(led)
-        most = max(self._moves, len(led) // 10)  # a tenth: a node that leads 1,000 jobs
+        most = max(self._moves, (len(led) - self._fair) // 2)
         moving: list[str] = []
         for job in sorted(led):
             target = self._preferred.get(job, self._node_id)

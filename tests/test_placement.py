@@ -115,6 +115,17 @@ def test_hand_over_is_bounded_and_waits_for_runs_to_end() -> None:
     assert placement.to_hand_over(mine[:3], dict.fromkeys(mine[:3], True), {"a": 3}) == []
 
 
+def test_a_node_far_above_its_fair_share_hands_over_half_its_excess() -> None:
+    # A cold start where one of ten nodes took all 200 jobs: its fair share is 20, so it
+    # hands over 90 in the first round, not two, and the spread takes a few rounds.
+    placement = Placement("n0", moves_per_round=2)
+    placement.update(nodes(*(f"n{i}" for i in range(10))), JOBS)
+    idle = dict.fromkeys(JOBS, True)
+    moving = placement.to_hand_over(JOBS, idle, {"n0": len(JOBS)})
+    assert len(moving) == (len(JOBS) - 20) // 2
+    assert all(placement.preferred(job) != "n0" for job in moving)
+
+
 def test_hand_over_only_what_evens_the_counts() -> None:
     placement = Placement("a", moves_per_round=10)
     placement.update(nodes("a", "b"), JOBS)
