@@ -1183,8 +1183,8 @@ def scale_section(results: Json, images: dict[str, str]) -> list[str]:
         ["leaders after the cold start (node: jobs)", _leaders(cold["leaders"])],
         ["jobs per replica after the cold start (min / p50 / max)", _per_replica(cold)],
         [
-            'placement settled (every job led, no move for a heartbeat + 1 s), after "go"',
-            "not within 2 min"
+            'placement settled (every job led, no move for two heartbeats), after "go"',
+            "not within 3 min"
             if steady.get("settled_after_go_s") is None
             else f"{num(steady['settled_after_go_s'], 1)} s",
         ],
@@ -1257,6 +1257,20 @@ def scale_section(results: Json, images: dict[str, str]) -> list[str]:
         "keeps retrying every heartbeat.",
         "",
     ]
+    settled = steady.get("jobs_per_replica")
+    fair = -(-s["jobs"] // s["replicas"])
+    if settled is not None and settled["max"] > 2 * fair:
+        lines += [
+            f"**Not spread here.** One replica still led {num(settled['max'])} jobs (a fair "
+            f"share is {num(fair)}) once nothing had moved for two heartbeats. In a run kept "
+            "for inspection (`--keep`), the replica that took every job on the cold start "
+            "started the first run of all of them at once, each reading its checkpoint; its "
+            "election round then did not come back before its leases ran out, and it lost "
+            "them all one lock expiry after taking them, before handing any over. An open "
+            "problem of this scale on this 2-CPU machine (50 processes and Redis), not the "
+            "intended behaviour; the spread itself is measured in `tests/test_spread*.py`.",
+            "",
+        ]
     return lines
 
 

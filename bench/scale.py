@@ -38,6 +38,7 @@ from bench._common import (
 
 POLL_S = 0.02
 HEARTBEAT_S = 3.0  # the default, which the replicas use
+LOCK_EXPIRY_S = 10.0  # the default
 JOB_EVERY_S = 3600.0
 
 
@@ -108,7 +109,7 @@ def _read_events(path: Path) -> list[Json]:
 
 def _locks(server: RedisServer, project: str, jobs: int) -> list[str | None]:
     keys = [f"singletonjob:{{{project}}}:job-{i:04d}:lock" for i in range(jobs)]
-    with server.client(socket_timeout=1.0) as client:
+    with server.client(socket_timeout=10.0) as client:
         values: list[str | None] = client.mget(keys)
     return values
 
@@ -129,21 +130,27 @@ def _wait_elected(server: RedisServer, project: str, jobs: int, timeout_s: float
 
 
 def _wait_settled(
-    server: RedisServer, project: str, jobs: int, stable_s: float, timeout_s: float
+    server: RedisServer,
+    project: str,
+    jobs: int,
+    *,
+    not_before: float,
+    stable_s: float,
+    timeout_s: float,
 ) -> tuple[float | None, dict[str, int]]:
-    """Wait until every job has a leader and no leader changed for ``stable_s`` (placement
-    moves over); the seconds that took (None: not within ``timeout_s``) and the jobs per
-    leader at the end."""
+    """Wait until every job has a leader and no leader changed for ``stable_s``, counted from
+    ``not_before`` (monotonic) at the earliest (placement moves over); the seconds that took
+    (None: not within ``timeout_s``) and the jobs per leader at the end."""
     started = time.monotonic()
     last: list[str | None] = []
     since = started
     while True:
         values = [v.rpartition("|")[2] if v else None for v in _locks(server, project, jobs)]
         now = time.monotonic()
-        if values != last or None in values:
+        if values != last or None in values or now < not_before:
             last, since = values, now
         elif now - since >= stable_s:
-            return round(since - started, 2), _tokens([v for v in values if v])[1]
+            return round(since - started, 2), _tokens([f"0|{v}" for v in values if v])[1]
         if now - started > timeout_s:
             return None, _tokens([f"0|{v}" for v in values if v])[1]
         time.sleep(0.2)
@@ -286,9 +293,16 @@ def run(quick: bool, workdir: Path) -> Json:
 
         # Steady state, once placement moves are over: what the whole cluster costs Redis,
         # and when its rounds arrive.
+        # Newcomers are preferred once they kept their membership for a lock expiry; the
+        # moves come after that.
         since_go_s = time.time() - t_go
         settled_s, leaders_settled = _wait_settled(
-            server, project, jobs, stable_s=HEARTBEAT_S + 1.0, timeout_s=120.0
+            server,
+            project,
+            jobs,
+            not_before=time.monotonic() - since_go_s + LOCK_EXPIRY_S + HEARTBEAT_S,
+            stable_s=2 * HEARTBEAT_S,
+            timeout_s=180.0,
         )
         steady = _steady(server, 3.0 if quick else 6.0)
         steady["settled_after_go_s"] = None if settled_s is None else since_go_s + settled_s
