@@ -170,7 +170,9 @@ def led(node_id: str, *jobs: str) -> dict[str, Lease]:
     return {job: Lease(job, 0.5, token=1, holder=node_id) for job in jobs}
 
 
-async def test_a_job_is_not_handed_back_to_the_node_that_let_it_go() -> None:
+async def n2_leads_three() -> tuple[Spreader, FakeClock, dict[str, Lease], str, list[str]]:
+    """n2 of three nodes leads two jobs of its own and one n1 is preferred for (n2 next);
+    its spreader has seen the membership a heartbeat ago."""
     members = ["n1", "n2", "n3"]
     (theirs,) = first_preferring(["n1", "n2"], members)
     mine = first_preferring(["n2"], members, 2)
@@ -178,6 +180,11 @@ async def test_a_job_is_not_handed_back_to_the_node_that_let_it_go() -> None:
     spreader, clock = spreader_of("n2", members, [theirs, *mine])
     spreader.refresh(leases)
     await clock.advance(0.1)
+    return spreader, clock, leases, theirs, mine
+
+
+async def test_a_job_is_not_handed_back_to_the_node_that_let_it_go() -> None:
+    spreader, clock, leases, theirs, _ = await n2_leads_three()
     # n2 leads 3 jobs, n1 none: n1's job goes back to it...
     assert spreader.to_hand_over(leases) == [theirs]
     # ...unless n1 itself let it go (it stops, or died) while still a member: not for a
@@ -189,13 +196,7 @@ async def test_a_job_is_not_handed_back_to_the_node_that_let_it_go() -> None:
 
 
 async def test_a_node_that_handed_a_job_over_takes_it_back_once_preferred_again() -> None:
-    members = ["n1", "n2", "n3"]
-    (theirs,) = first_preferring(["n1", "n2"], members)
-    mine = first_preferring(["n2"], members, 2)
-    leases = led("n2", theirs, *mine)
-    spreader, clock = spreader_of("n2", members, [theirs, *mine])
-    spreader.refresh(leases)
-    await clock.advance(0.1)
+    spreader, _, leases, theirs, mine = await n2_leads_three()
     assert spreader.to_hand_over(leases) == [theirs]
     assert not spreader.back_in(theirs)  # n1 is preferred: n2 rests from it
     spreader.placement.update(nodes("n2", "n3", jobs=[theirs, *mine]), [theirs, *mine])

@@ -78,6 +78,17 @@ def moves(history: list[Leaders]) -> int:
     return count
 
 
+async def three_settled(
+    cluster: Callable[..., SingletonJobs],
+) -> tuple[FakeClock, list[SingletonJobs], Leaders]:
+    """Three nodes started, and the leaders once placement has settled."""
+    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
+    nodes = [cluster(name) for name in ("web-a", "web-b", "web-c")]
+    for jobs in nodes:
+        await jobs.start()
+    return clock, nodes, (await run_for(clock, nodes, EXPIRY_S + 2.0))[-1]
+
+
 @pytest.fixture
 async def cluster(unique_project: str) -> AsyncIterator[Callable[..., SingletonJobs]]:
     clock = FakeClock()
@@ -116,11 +127,7 @@ async def test_twelve_jobs_over_three_nodes_settle_four_plus_or_minus_two(
 async def test_a_join_moves_at_most_its_share_and_a_leave_only_the_leavers_jobs(
     cluster: Callable[..., SingletonJobs],
 ) -> None:
-    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
-    nodes = [cluster(name) for name in ("web-a", "web-b", "web-c")]
-    for jobs in nodes:
-        await jobs.start()
-    before = (await run_for(clock, nodes, EXPIRY_S + 2.0))[-1]
+    clock, nodes, before = await three_settled(cluster)
 
     newcomer = cluster("web-d")
     await newcomer.start()
@@ -142,11 +149,7 @@ async def test_a_join_moves_at_most_its_share_and_a_leave_only_the_leavers_jobs(
 
 
 async def test_a_killed_nodes_jobs_are_taken_over(cluster: Callable[..., SingletonJobs]) -> None:
-    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
-    nodes = [cluster(name) for name in ("web-a", "web-b", "web-c")]
-    for jobs in nodes:
-        await jobs.start()
-    before = (await run_for(clock, nodes, EXPIRY_S + 2.0))[-1]
+    clock, nodes, before = await three_settled(cluster)
     victim = nodes[1]
     kill(victim)
     history = await run_for(clock, [nodes[0], nodes[2]], 2 * EXPIRY_S + 3 * HEARTBEAT_S)
@@ -184,11 +187,7 @@ def leaderless_spells(history: list[Leaders], job: str) -> list[int]:
 async def test_a_leavers_jobs_go_straight_to_a_survivor_and_never_back(
     cluster: Callable[..., SingletonJobs],
 ) -> None:
-    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
-    nodes = [cluster(name) for name in ("web-a", "web-b", "web-c")]
-    for jobs in nodes:
-        await jobs.start()
-    before = (await run_for(clock, nodes, EXPIRY_S + 2.0))[-1]
+    clock, nodes, before = await three_settled(cluster)
     leaver, survivors = nodes[0], nodes[1:]
     theirs = [job for job in JOBS if before[job] == leaver.node_id]
     assert theirs, before
@@ -207,11 +206,7 @@ async def test_a_leavers_jobs_go_straight_to_a_survivor_and_never_back(
 async def test_a_killed_nodes_jobs_are_not_handed_back_to_it(
     cluster: Callable[..., SingletonJobs],
 ) -> None:
-    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
-    nodes = [cluster(name) for name in ("web-a", "web-b", "web-c")]
-    for jobs in nodes:
-        await jobs.start()
-    before = (await run_for(clock, nodes, EXPIRY_S + 2.0))[-1]
+    clock, nodes, before = await three_settled(cluster)
     victim, survivors = nodes[0], nodes[1:]
     theirs = [job for job in JOBS if before[job] == victim.node_id]
     kill(victim)
