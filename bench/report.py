@@ -1248,7 +1248,7 @@ def scale_section(results: Json, images: dict[str, str]) -> list[str]:
         ]
     lines += [
         'With `placement="spread"` (the default) a replica takes at once only the free locks '
-        "it is preferred for; the others it leaves one round to their preferred replica, and "
+        "it is preferred for; the others it leaves a heartbeat to their preferred replica, and "
         "jobs then move between runs, two per heartbeat or half a replica's excess over its "
         "fair share, to the "
         "preferred replicas (the *jobs per replica* lines). The retry spread comes from the "

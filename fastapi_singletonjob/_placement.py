@@ -10,11 +10,12 @@ does not pull jobs back and forth; when no node has settled yet (a cold start), 
 node counts.
 
 The election uses the answer two ways. A node takes a free lock at once only for a job it is
-preferred for (or one no live node prefers); for the others it leaves the preferred node one
-round first, so a pushed release goes to the right node. And a node that leads a job preferred
-elsewhere hands it over between runs when the preferred node leads at least two jobs fewer, at
-most ``moves_per_round`` per round, so that a join does not empty a node in one heartbeat and a
-balanced cluster does not move at all.
+preferred for (or one no live node prefers); for the others it leaves the preferred node a
+heartbeat first (unless that node let the lock go itself), so a pushed release goes to the
+right node and replicas started together take their own jobs. And a node that leads a job
+preferred elsewhere hands it over between runs when the preferred node leads at least two jobs
+fewer, at most ``moves_per_round`` (or half its excess over its fair share) per round, so that
+a join does not empty a node in one heartbeat and a balanced cluster does not move at all.
 """
 
 from __future__ import annotations
@@ -225,11 +226,20 @@ class Spreader:
         """Whether this node takes ``lease``'s lock when it is free, in this round: not
         before its first round told it who the members are (then, at once where it is the
         preferred node), so that replicas started together do not leave every job to the
-        first one to ask."""
+        first one to ask. A lock preferred elsewhere is taken once the preferred node had its
+        chance: the lock was free a heartbeat ago already, or that node let it go itself."""
         member = self._membership()
         if member is not None and member.server_ms is None:
             return False
-        seen_free = lease.holder is None and lease.observed_at is not None
+        now = self._clock.monotonic()
+        seen_free = (
+            lease.holder is None
+            and lease.observed_at is not None
+            and (
+                now - lease.observed_at >= 0.9 * self._heartbeat_s
+                or self._let_go_by_preferred(lease.job, now)
+            )
+        )
         return self._placement.may_take(lease.job, seen_free)
 
     def observed(self, leases: Mapping[str, Lease], holders: Mapping[str, str | None]) -> None:
