@@ -80,7 +80,7 @@ class Elector:
         """Monotonic time the loop last finished a round (alive or not, it came back)."""
         self.round_trip_s: float | None = None
         self._full_round = True
-        """Ask about every job in the next round (the first, and the one after a notice)."""
+        """Ask about every job in the next round (the first, and one after a control notice)."""
         self._next_full_at = float("-inf")
         self._noticed: set[str] = set()
         """Jobs named by release notices since the last round: asked about in the next."""
