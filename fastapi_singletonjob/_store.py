@@ -62,16 +62,13 @@ ReleaseListener = Callable[[frozenset[str] | None], None]
 (ask about those), or None when a notice names none (an operator's control, a node of an
 older version): ask about every job."""
 
-_NOTICE_PREFIX = "jobs "
-
 
 def parse_notice(data: str | bytes) -> frozenset[str] | None:
     """The jobs a release notice names (``RELEASE`` publishes "jobs <name> <name> ..."),
     or None for any other message."""
     text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-    if not text.startswith(_NOTICE_PREFIX):
-        return None
-    return frozenset(text[len(_NOTICE_PREFIX) :].split())
+    kind, _, names = text.partition(" ")
+    return frozenset(names.split()) if kind == "jobs" else None
 
 
 class StoreReadOnly(ConnectionError):
