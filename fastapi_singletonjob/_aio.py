@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Alarm",
+    "Pacer",
     "abort_all",
     "call_in_thread",
     "cancel_and_wait",
@@ -80,6 +81,65 @@ class Alarm:
             _resolve(self._future)
         else:
             self._rung = True
+
+
+class Pacer:
+    """Calls a step function again and again, each time after the delay its previous call
+    returned (0: once the other ready tasks have run), or soon after ``ring``: the ticker's
+    one timer.
+
+    On the system clock the step runs straight from the event loop's timer callback, with no
+    task to wake in between, so a run the step starts begins one loop iteration after its
+    instant, as the body of a bare ``asyncio.sleep`` loop does. On any other clock (a test's
+    ``FakeClock``) a loop sleeps on that clock.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._alarm = Alarm(clock)
+        self._handle: asyncio.Handle | None = None
+        self._stepping = False
+        self._call: Callable[[], None] | None = None
+
+    async def drive(self, step: Callable[[], float]) -> None:
+        """Call ``step`` until cancelled, or until it raises (then raise that)."""
+        if not isinstance(self._clock, SystemClock):
+            while True:
+                delay = step()
+                await (asyncio.sleep(0) if delay <= 0 else self._alarm.wait(delay))
+        loop = asyncio.get_running_loop()
+        failed: asyncio.Future[None] = loop.create_future()
+
+        def call() -> None:
+            self._stepping = True
+            try:
+                delay = step()
+            except Exception as exc:  # the driving task re-raises it
+                if not failed.done():
+                    failed.set_exception(exc)
+                return
+            finally:
+                self._stepping = False
+            self._handle = loop.call_soon(call) if delay <= 0 else loop.call_later(delay, call)
+
+        self._call = call
+        self._handle = loop.call_soon(call)
+        try:
+            await failed
+        finally:
+            self._call = None
+            if self._handle is not None:
+                self._handle.cancel()
+
+    def ring(self) -> None:
+        """Step again soon, whatever the last step asked for. A ring from inside a step
+        changes nothing: the delay that step returns is computed after it."""
+        if self._call is None:
+            self._alarm.ring()
+        elif not self._stepping:
+            assert self._handle is not None
+            self._handle.cancel()
+            self._handle = asyncio.get_running_loop().call_soon(self._call)
 
 
 async def wait_all(

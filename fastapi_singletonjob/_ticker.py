@@ -12,14 +12,13 @@ a run is going is dropped, never queued.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
-from ._aio import Alarm
+from ._aio import Pacer
 from ._clock import Clock
 from ._errors import ScheduleError
 from ._run import JobRunner
@@ -75,7 +74,7 @@ class Ticker:
         self._retire = retire
         self._heap: list[tuple[float, int, int, _Slot]] = []
         self._order = itertools.count()
-        self._alarm = Alarm(clock)
+        self._pacer = Pacer(clock)
         self._fired: list[tuple[_Slot, datetime | None]] = []
         """Slots fired since the last yield, to arm once their runs have begun."""
         now = clock.now()
@@ -146,37 +145,31 @@ class Ticker:
                 self._arm(slot, 0.0)
             else:
                 self._next_instant(slot)
-        fired = 0
-        while True:
-            if not self._heap:
-                await self._alarm.wait(MAX_SLEEP_S)
-                continue
-            due_at, _, armed, slot = self._heap[0]
-            left = due_at - self._clock.monotonic()
-            if left > self._precision_s:
-                await self._alarm.wait(left - self._precision_s)
-                continue
+        await self._pacer.drive(self._step)
+
+    def _step(self) -> float:
+        """Start the runs that are due; return how long to wait before the next step."""
+        # The runs the previous step started have begun (and short ones ended): now the
+        # schedule math of their next instants. A burst of a thousand jobs on one instant
+        # never holds a thousand tasks at once, nor holds up the loop's other work.
+        self._arm_next()
+        for _ in range(_BATCH):
+            if self._heap:
+                due_at, _, armed, slot = self._heap[0]
+                left = due_at - self._clock.monotonic()
+            else:
+                left = MAX_SLEEP_S
             if left > 0:
+                if self._fired:
+                    return 0.0
                 # Opt-in precision: asyncio's timers wake up to a millisecond or two late
                 # (epoll rounds its timeout up to whole ms), so wake early and yield to the
                 # other tasks until the instant comes.
-                await asyncio.sleep(0)
-                continue
+                return max(left - self._precision_s, 0.0)
             heapq.heappop(self._heap)
-            if armed != slot.armed:
-                continue
-            self._fire(slot)
-            fired += 1
-            if fired % _BATCH == 0 or not self._more_due():
-                # Let the runs just started begin (and short ones end) before the schedule
-                # math of their next instants, and before starting more: a burst of a
-                # thousand jobs on one instant never holds a thousand tasks at once, and the
-                # loop's other work is not held up behind it.
-                await asyncio.sleep(0)
-                self._arm_next()
-
-    def _more_due(self) -> bool:
-        return bool(self._heap) and self._heap[0][0] <= self._clock.monotonic()
+            if armed == slot.armed:
+                self._fire(slot)
+        return 0.0
 
     def _arm_next(self) -> None:
         """Arm the next instant of each job whose run ``_fire`` just started."""
@@ -192,7 +185,7 @@ class Ticker:
         was_first = not self._heap or due_at < self._heap[0][0]
         heapq.heappush(self._heap, (due_at, next(self._order), slot.armed, slot))
         if was_first:
-            self._alarm.ring()
+            self._pacer.ring()
 
     def _fire(self, slot: _Slot) -> None:
         runner = slot.runner
@@ -292,7 +285,7 @@ class Ticker:
             slot.armed += 1
             slot.waiting = False
             slot.runner.on_run_end = None
-        self._alarm.ring()
+        self._pacer.ring()
 
 
 def _next_fire(runner: JobRunner, after: datetime) -> datetime | None:
