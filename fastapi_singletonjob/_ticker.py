@@ -173,10 +173,11 @@ class Ticker:
 
     def _arm_next(self) -> None:
         """Arm the next instant of each job whose run ``_fire`` just started."""
+        if not self._fired:
+            return
         fired, self._fired = self._fired, []
-        now = self._clock.now()
         for slot, following in fired:
-            self._due(slot, following, now)
+            self._due(slot, following)
 
     def _arm(self, slot: _Slot, delay_s: float) -> None:
         slot.armed += 1
@@ -196,7 +197,7 @@ class Ticker:
         assert due is not None
         now = self._clock.now()
         if now < due:  # armed early by design (MAX_SLEEP_S) or the wall clock stepped back
-            self._arm_instant(slot, due, now)
+            self._arm_instant(slot, due)
             return
         grace_s = runner.spec.misfire_grace_s
         following = slot.following
@@ -244,9 +245,9 @@ class Ticker:
         except Exception as exc:
             self._crash(slot, exc)
             return
-        self._due(slot, due, self._clock.now())
+        self._due(slot, due)
 
-    def _due(self, slot: _Slot, due: datetime | None, now: datetime) -> None:
+    def _due(self, slot: _Slot, due: datetime | None) -> None:
         runner = slot.runner
         slot.due = due
         runner.stats.next_run = due
@@ -259,10 +260,12 @@ class Ticker:
         except Exception as exc:
             self._crash(slot, exc)
             return
-        self._arm_instant(slot, due, now)
+        self._arm_instant(slot, due)
 
-    def _arm_instant(self, slot: _Slot, due: datetime, now: datetime) -> None:
-        self._arm(slot, min((due - now).total_seconds(), MAX_SLEEP_S))
+    def _arm_instant(self, slot: _Slot, due: datetime) -> None:
+        # The wall clock read right before the monotonic one (in ``_arm``): an instant read
+        # any earlier (before the schedule math) would fire that much late.
+        self._arm(slot, min((due - self._clock.now()).total_seconds(), MAX_SLEEP_S))
 
     def _crash(self, slot: _Slot, exc: Exception) -> None:
         runner = slot.runner
