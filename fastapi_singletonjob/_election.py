@@ -66,6 +66,7 @@ class Elector:
         self._max_backoff_s = max_backoff_s
         self._clock = clock
         self._rng = rng
+        self._phase = rng()  # where in each heartbeat this node's rounds fall
         self._wake = Alarm(clock)
         """Rung when a node released locks: run a round now."""
         self._deadlines_moved = Alarm(clock)
@@ -258,7 +259,7 @@ class Elector:
         # Rounds are spaced from send to send: on a link whose round trip is a large part of a
         # heartbeat, a pause counted from the reply would space renewals by the round trip plus
         # a heartbeat, and a lease whose deadline comes before the next reply would lapse.
-        return max(0.0, self._delay() - (self._clock.monotonic() - sent_at))
+        return max(0.0, self._delay(sent_at) - (self._clock.monotonic() - sent_at))
 
     def _competes(self, lease: Lease, now: float, full: bool) -> bool:
         """Whether a follower asks about ``lease`` in this round: not while it rests after
@@ -326,7 +327,7 @@ class Elector:
             self.last_error,
         )
 
-    def _delay(self) -> float:
+    def _delay(self, sent_at: float) -> float:
         leading = any(lease.token is not None for lease in self.leases.values())
         now, rtt = self._clock.monotonic(), self.round_trip_s or 0.0
         return next_attempt_delay(
@@ -336,6 +337,8 @@ class Elector:
             leading=leading,
             holder_ttl_s=soonest_end_s(self.leases.values(), now, rtt),
             jitter=self._rng(),
+            sent_at=sent_at,
+            phase=self._phase,
         )
 
     def _listener_delay(self, failures: int) -> float:
@@ -343,8 +346,6 @@ class Elector:
             heartbeat_s=self._heartbeat_s,
             max_backoff_s=self._max_backoff_s,
             failures=max(failures, 1),
-            leading=False,
-            holder_ttl_s=None,
             jitter=self._rng(),
         )
 

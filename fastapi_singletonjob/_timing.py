@@ -17,6 +17,7 @@ __all__ = [
     "lease_deadline",
     "leaderless_s",
     "next_attempt_delay",
+    "until_beat_s",
 ]
 
 CLOCK_RATE_ERROR = 1e-3
@@ -46,28 +47,42 @@ def call_timeout_s(longest_ttl_s: float, heartbeat_s: float) -> float:
     return max(lease_deadline(0.0, longest_ttl_s), heartbeat_s / 10)
 
 
+def until_beat_s(sent_at: float, heartbeat_s: float, phase: float) -> float:
+    """Seconds from a round sent at ``sent_at`` to the node's next beat: the point of its
+    own grid (``phase`` of a heartbeat, ``phase`` in [0, 1), plus whole heartbeats) that comes
+    within a heartbeat of the send (at least a hundredth of a heartbeat after it).
+
+    Each node keeps its own grid, whatever extra rounds it runs (after a release notice, at a
+    lease's end): replicas that start together, or that a notice woke together, do not go on
+    renewing together, so Redis sees their scripts spread over the heartbeat, not in bursts.
+    A renewal is never more than a heartbeat after the previous one."""
+    offset = (sent_at / heartbeat_s - phase) % 1.0
+    return heartbeat_s * max(1.0 - offset, 0.01)
+
+
 def next_attempt_delay(
     *,
     heartbeat_s: float,
     max_backoff_s: float,
     failures: int,
-    leading: bool,
-    holder_ttl_s: float | None,
     jitter: float,
+    leading: bool = False,
+    holder_ttl_s: float | None = None,
+    sent_at: float = 0.0,
+    phase: float = 0.0,
 ) -> float:
     """Seconds until the next election round (pure; ``jitter`` is uniform in [0, 1)).
 
-    - Healthy: one heartbeat less up to 10 % at random, or sooner when a lock held by another
-      node expires sooner, so that a dead leader is replaced one lock expiry after its last
-      renewal.
+    - Healthy: at the node's next beat after the round sent at ``sent_at`` (``until_beat_s``
+      with ``phase``: at most a heartbeat), or sooner
+      when a lock held by another node expires sooner, so that a dead leader is replaced one
+      lock expiry after its last renewal.
     - Failing while leading with a valid lease: keep the heartbeat, or the lease is lost.
     - Failing otherwise: exponential backoff from the heartbeat, capped at ``max_backoff_s``,
       with equal jitter (half fixed, half random) so that replicas do not retry in step.
     """
     if failures == 0:
-        # Up to 10 % early, at random: replicas started together drift apart instead of
-        # renewing in the same instant (one script per node per round). Never late.
-        healthy_s = heartbeat_s * (1.0 - 0.1 * jitter)
+        healthy_s = until_beat_s(sent_at, heartbeat_s, phase)
         if holder_ttl_s is not None:
             return max(0.0, min(healthy_s, holder_ttl_s + 0.001))
         return healthy_s

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
@@ -17,7 +19,7 @@ from fastapi_singletonjob._store import (
     MemoryLeaseStore,
     ReleaseListener,
 )
-from fastapi_singletonjob._timing import lease_deadline, next_attempt_delay
+from fastapi_singletonjob._timing import lease_deadline, next_attempt_delay, until_beat_s
 from fastapi_singletonjob.testing import FakeClock
 
 HEARTBEAT = 1.0
@@ -281,30 +283,37 @@ async def test_all_jobs_are_elected_in_one_call_per_round(clock: FakeClock) -> N
     await node.start()
     await clock.advance(10 * HEARTBEAT - 0.5)
     assert all(node.leads(f"job-{i}") for i in range(50))
-    assert node.store.calls == 10
+    # One call per round, whatever the number of jobs: a round at the start, then one on
+    # each beat of the node's grid (half a heartbeat in, rng 0.5) up to the end: 0.5 ... 9.5.
+    assert node.store.calls == 11
     await node.kill()
 
 
 @pytest.mark.parametrize(
-    ("failures", "leading", "holder_ttl", "jitter", "expected"),
+    ("failures", "leading", "holder_ttl", "jitter", "sent_at", "expected"),
     [
-        (0, False, None, 0.0, 1.0),
-        (0, False, None, 0.9, 0.91),
-        (0, True, None, 0.5, 0.95),
-        (0, False, 0.25, 0.9, 0.251),
-        (0, False, 5.0, 0.0, 1.0),
-        (1, True, None, 0.9, 1.0),
-        (1, False, None, 0.0, 1.0),
-        (1, False, None, 0.999999, 2.0),
-        (2, False, None, 0.0, 2.0),
-        (3, False, None, 0.5, 6.0),
-        (10, False, None, 0.0, 15.0),
-        (10, False, None, 0.999999, 30.0),
-        (10_000, False, None, 0.0, 15.0),
+        (0, False, None, 0.0, 0.0, 1.0),
+        (0, False, None, 0.9, 0.0, 1.0),  # healthy rounds have no jitter: the beat decides
+        (0, True, None, 0.5, 100.25, 0.75),  # a round off the beat: the next is on it
+        (0, False, 0.25, 0.9, 0.0, 0.251),
+        (0, False, 5.0, 0.0, 0.0, 1.0),
+        (1, True, None, 0.9, 0.5, 1.0),
+        (1, False, None, 0.0, 0.0, 1.0),
+        (1, False, None, 0.999999, 0.0, 2.0),
+        (2, False, None, 0.0, 0.0, 2.0),
+        (3, False, None, 0.5, 0.0, 6.0),
+        (10, False, None, 0.0, 0.0, 15.0),
+        (10, False, None, 0.999999, 0.0, 30.0),
+        (10_000, False, None, 0.0, 0.0, 15.0),
     ],
 )
 def test_next_attempt_delay(
-    failures: int, leading: bool, holder_ttl: float | None, jitter: float, expected: float
+    failures: int,
+    leading: bool,
+    holder_ttl: float | None,
+    jitter: float,
+    sent_at: float,
+    expected: float,
 ) -> None:
     delay = next_attempt_delay(
         heartbeat_s=1.0,
@@ -313,8 +322,40 @@ def test_next_attempt_delay(
         leading=leading,
         holder_ttl_s=holder_ttl,
         jitter=jitter,
+        sent_at=sent_at,
     )
     assert delay == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("heartbeat", [0.2, 1.0, 3.0])
+@pytest.mark.parametrize("phase", [0.0, 0.37, 0.999])
+def test_rounds_keep_to_the_nodes_own_beat_whatever_extra_rounds_come_between(
+    heartbeat: float, phase: float
+) -> None:
+    """Healthy rounds fall on the node's grid (``phase`` of a heartbeat plus whole ones):
+    never more than a heartbeat apart, and an extra round (a notice woke it) does not move
+    the grid, so nodes that a notice woke together do not go on renewing together."""
+    rng = random.Random(7)
+    sent_at = 1000.0 + rng.random() * 5
+    beats = []
+    for _ in range(200):
+        delay = until_beat_s(sent_at, heartbeat, phase)
+        assert 0.01 * heartbeat - 1e-9 <= delay <= heartbeat + 1e-9
+        beat = sent_at + delay
+        beats.append(beat)
+        room = delay - 0.02 * heartbeat  # a notice: a round between beats, not on one
+        extra = room > 0 and rng.random() < 0.3
+        sent_at = beat - (0.02 * heartbeat + rng.random() * room) if extra else beat + 0.002
+    on_grid = [((b / heartbeat - phase) % 1.0) for b in beats[1:]]
+    assert max(min(x, 1 - x) for x in on_grid) < 1e-6, on_grid
+
+
+def test_nodes_with_different_phases_spread_their_rounds_over_the_heartbeat() -> None:
+    phases = [i / 50 for i in range(50)]
+    sent_at = 2000.0  # all woken by the same notice
+    beats = sorted((sent_at + until_beat_s(sent_at, 3.0, p)) % 3.0 for p in phases)
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
+    assert max(gaps) < 0.1
 
 
 def test_backoff_never_exceeds_the_cap() -> None:
