@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -54,9 +55,11 @@ class TestCluster:
         replicas: int = 0,
         node_timeout_ms: int = 1000,
         data_dir: Path | None = None,
+        node_args: Callable[[], Sequence[str]] = tuple,
     ) -> TestCluster:
         """Start the servers, create the cluster and return once every node reports
-        ``cluster_state:ok`` and every replica has synced."""
+        ``cluster_state:ok`` and every replica has synced. ``node_args()`` gives each node's
+        extra command-line arguments (a TLS port, say), called once per node."""
         nodes: list[RedisServer] = []
         cluster = cls(nodes, node_timeout_ms)
         try:
@@ -76,6 +79,7 @@ class TestCluster:
                             # last heard from it (the tests kill masters at any moment)
                             "--cluster-replica-validity-factor",
                             "0",
+                            *node_args(),
                         ],  # fmt: skip
                         data_dir=None if data_dir is None else data_dir / f"node-{i}",
                     )
