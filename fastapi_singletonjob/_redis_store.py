@@ -173,6 +173,14 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
             raise await self._read_only("a read-only replica") from exc
         except self._CLUSTER_REPLIES as exc:
             raise self._cluster_node(type(exc).__name__) from None
+        except ResponseError as exc:  # min-replicas-to-write: a primary cut off from replicas
+            if not str(exc).startswith("NOREPLICAS"):
+                raise
+            raise await self._refused(
+                f"the Redis server at {self._shown} refuses writes: fewer of its replicas "
+                "answer than its min-replicas-to-write asks (NOREPLICAS; cut off from them, it "
+                "may no longer be the primary), so this node's leases end at their deadlines"
+            ) from exc
         if member is not None:
             member.confirmed(int(raw[0]) == 1)
             server_ms, epoch, *flat = raw[4 * len(requests) + 1 :]
@@ -301,17 +309,19 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
             ) from exc
 
     async def _read_only(self, what: str) -> StoreReadOnly:
-        """The error for a server that will not take the election's writes.
+        """The error for a server that will not take the election's writes."""
+        return await self._refused(f"the Redis server at {self._shown} is {what}: {self._fix}")
 
-        The pool's idle connections are dropped first: a Sentinel-managed connection looks up
-        the primary again when it reconnects, so the next round reaches the new primary.
-        """
+    async def _refused(self, message: str) -> StoreReadOnly:
+        """``StoreReadOnly(message)``, once the pool's idle connections are dropped: a
+        Sentinel-managed connection looks up the primary again when it reconnects, so the
+        next round reaches the new primary."""
         try:
             for client in (self._redis, self._claims):
                 await client.connection_pool.disconnect(inuse_connections=False)
         except Exception as exc:  # dropping is best effort; the error below is what matters
             logger.debug("could not drop the connections to %s: %r", self._shown, exc)
-        return StoreReadOnly(f"the Redis server at {self._shown} is {what}: {self._fix}")
+        return StoreReadOnly(message)
 
     async def _check_server(self) -> None:
         """Once, after the first election call that answered: refuse a replica, and warn
