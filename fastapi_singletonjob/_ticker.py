@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
@@ -39,7 +40,7 @@ _BATCH = 64
 class _Slot:
     """One job's place in the timer: its next instant and what to do when it comes."""
 
-    __slots__ = ("armed", "due", "following", "missed", "previous", "runner", "waiting")
+    __slots__ = ("armed", "due", "following", "missed", "previous", "rank", "runner", "waiting")
 
     def __init__(self, runner: JobRunner, now: datetime) -> None:
         self.runner = runner
@@ -56,6 +57,9 @@ class _Slot:
         """The last instant that passed while another node led (caught up on takeover)."""
         self.waiting = False
         """Parked until this node leads (``Interval``) or its run ends."""
+        self.rank = runner.policy.period_s or math.inf
+        """Among jobs due at the same instant, shorter periods start first: they have the
+        least time to spare (rate-monotonic order)."""
 
 
 class Ticker:
@@ -72,7 +76,11 @@ class Ticker:
         self._clock = clock
         self._precision_s = precision_s
         self._retire = retire
-        self._heap: list[tuple[float, int, int, _Slot]] = []
+        self._heap: list[tuple[float, float, int, int, _Slot]] = []
+        """(due at, rank, order, generation, slot): at one instant, shorter periods first."""
+        self._instants: dict[datetime, float] = {}
+        """The monotonic time of each wall-clock instant armed, so that every job of an
+        instant has the very same one and starts in rank order."""
         self._order = itertools.count()
         self._pacer = Pacer(clock)
         self._fired: list[tuple[_Slot, datetime | None]] = []
@@ -155,7 +163,7 @@ class Ticker:
         self._arm_next()
         for _ in range(_BATCH):
             if self._heap:
-                due_at, _, armed, slot = self._heap[0]
+                due_at, _, _, armed, slot = self._heap[0]
                 left = due_at - self._clock.monotonic()
             else:
                 left = MAX_SLEEP_S
@@ -168,6 +176,8 @@ class Ticker:
                 return max(left - self._precision_s, 0.0)
             heapq.heappop(self._heap)
             if armed == slot.armed:
+                if slot.due is not None:
+                    self._instants.pop(slot.due, None)
                 self._fire(slot)
         return 0.0
 
@@ -180,11 +190,14 @@ class Ticker:
             self._due(slot, following)
 
     def _arm(self, slot: _Slot, delay_s: float) -> None:
+        self._arm_at(slot, self._clock.monotonic() + delay_s)
+
+    def _arm_at(self, slot: _Slot, due_at: float) -> None:
         slot.armed += 1
         slot.waiting = False
-        due_at = self._clock.monotonic() + delay_s
         was_first = not self._heap or due_at < self._heap[0][0]
-        heapq.heappush(self._heap, (due_at, next(self._order), slot.armed, slot))
+        entry = (due_at, slot.rank, next(self._order), slot.armed, slot)
+        heapq.heappush(self._heap, entry)
         if was_first:
             self._pacer.ring()
 
@@ -263,9 +276,18 @@ class Ticker:
         self._arm_instant(slot, due)
 
     def _arm_instant(self, slot: _Slot, due: datetime) -> None:
-        # The wall clock read right before the monotonic one (in ``_arm``): an instant read
-        # any earlier (before the schedule math) would fire that much late.
-        self._arm(slot, min((due - self._clock.now()).total_seconds(), MAX_SLEEP_S))
+        due_at = self._instants.get(due)
+        if due_at is None:
+            # The wall clock read right before the monotonic one: an instant read any earlier
+            # (before the schedule math) would fire that much late.
+            left_s = (due - self._clock.now()).total_seconds()
+            if left_s >= MAX_SLEEP_S:  # a check of the wall clock on the way, not the instant
+                self._arm(slot, MAX_SLEEP_S)
+                return
+            due_at = self._instants[due] = self._clock.monotonic() + left_s
+            if len(self._instants) > 2 * len(self._slots) + 16:  # instants no longer armed
+                self._instants = {due: due_at}
+        self._arm_at(slot, due_at)
 
     def _crash(self, slot: _Slot, exc: Exception) -> None:
         runner = slot.runner

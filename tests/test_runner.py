@@ -112,6 +112,27 @@ async def test_fixed_rate_ticks_on_the_epoch_grid_without_drift(
     assert max(late) - min(late) < 1e-6, "runs start exactly on the grid"
 
 
+async def test_jobs_of_one_instant_start_shortest_period_first(
+    make: Factory, clock: FakeClock
+) -> None:
+    """Rate-monotonic order at a shared instant: whatever the order of declaration, the job
+    with the least time to spare starts first (the others wait behind its start, not it
+    behind theirs)."""
+    jobs = make()
+    started: list[tuple[datetime, str]] = []
+    for name, every in (("slow", 10.0), ("fast", 1.0), ("middle", 5.0)):
+
+        async def body(ctx: JobContext) -> None:
+            started.append((ctx.scheduled_at, ctx.job))
+
+        jobs.fixed_rate(name, every=every)(body)
+    await jobs.start()
+    await clock.advance(30.0)
+    shared = [job for at, job in started if at.second % 10 == 0 and at.microsecond == 0]
+    assert shared[:3] == ["fast", "middle", "slow"], started
+    assert shared[3:6] == ["fast", "middle", "slow"], started
+
+
 async def test_overlapping_ticks_are_dropped_and_counted(
     make: Factory, clock: FakeClock, journal: Journal
 ) -> None:
