@@ -158,7 +158,7 @@ class ClusterLeaseStore(RedisLeaseStore):
         self._clusters = (self._cluster(ELECTION_CONNECTIONS), self._cluster(size))
         # What the base class calls on them (scripts, HGETALL, DEL) RedisCluster has too.
         self._redis, self._claims = (cast(Redis, client) for client in self._clusters)
-        self._elect = self._redis.register_script(_scripts.ELECT)
+        self._elect = self._redis.register_script(_scripts.ELECT_SHARDED)
         self._release = self._redis.register_script(_scripts.RELEASE_SHARDED)
         self._claim = self._claims.register_script(_scripts.CLAIM)
         self._checked_server = False

@@ -125,6 +125,13 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
         self._checked_server = False
         self._channel = _keys.release_channel(project)
 
+    _echo_wanted = False
+    """A release listener heard nothing for its keepalive: the next ``elect`` publishes an
+    echo on the channel, inside its script, so that checking the subscription costs no round
+    trip of its own."""
+    _echo_sent_at = float("-inf")
+    """Loop time of the last ``elect`` whose script published an echo."""
+
     _CLUSTER_REPLIES: tuple[type[Exception], ...] = (AskError, ClusterCrossSlotError)
     """Replies only a Redis Cluster node gives: this server is one (see ``_redis_cluster``)."""
 
@@ -149,9 +156,10 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
         member, project = self.membership, self._project
         keys = [_keys.members_key(project), _keys.member_expiry_key(project)]
         keys += [_keys.controls_key(project), _keys.placement_key(project)]
-        args: list[str | int] = [node_id, "", "", "", ""]  # without a membership record
+        echo = self._echo_wanted
+        args: list[str | int] = [node_id, "", "", "", "", self._channel if echo else ""]
         if member is not None and not member.left:
-            args[1:] = [member.payload(), member.ttl_ms, member.epoch, member.digest]
+            args[1:5] = [member.payload(), member.ttl_ms, member.epoch, member.digest]
         for request in requests:
             keys += (
                 _keys.lock_key(self._project, request.job),
@@ -181,6 +189,8 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
                 "answer than its min-replicas-to-write asks (NOREPLICAS; cut off from them, it "
                 "may no longer be the primary), so this node's leases end at their deadlines"
             ) from exc
+        if echo:
+            self._echo_wanted, self._echo_sent_at = False, asyncio.get_running_loop().time()
         if member is not None:
             member.confirmed(int(raw[0]) == 1)
             server_ms, epoch, *flat = raw[4 * len(requests) + 1 :]
@@ -234,11 +244,14 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
     ) -> None:
         """See ``LeaseStore.listen_releases``: a subscription on a connection of its own.
 
-        The connection is checked, because a dead peer that never closed it (a failover, a
-        NAT or firewall that dropped the flow) would otherwise leave a listener that hears
-        nothing, for good: after ``keepalive_s`` without a message it sends a ``PING``, and
-        raises ``ConnectionError`` when nothing arrives within another ``keepalive_s``. The
-        subscription's confirmation is awaited the same way.
+        The subscription is checked, because a dead peer that never closed it (a failover,
+        a NAT or firewall that dropped the flow) would otherwise leave a listener that hears
+        nothing, for good: after ``keepalive_s`` without a message the next ``elect``
+        publishes an echo on the channel (any node's echo will do), and the listener raises
+        ``ConnectionError`` when nothing arrives within another ``keepalive_s``. That also
+        catches a subscription left on a server that is no longer where the election writes
+        (a failover). Without an ``elect`` in that time (no election, or a failing one) it
+        sends a ``PING`` and waits as long again. The confirmation is awaited the same way.
         """
         if not keepalive_s > 0:
             raise ValueError(f"keepalive_s={keepalive_s!r} must be a positive number of seconds")
@@ -252,11 +265,15 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
                 "subscribe", self._subscribe(pubsub), self._connect_timeout_s + keepalive_s
             )
             awaiting_since: float | None = loop.time()  # a reply is due since then
-            heard_at = loop.time()
+            heard_at, pinged = loop.time(), True
             while True:
                 now = loop.time()
                 if awaiting_since is not None:
                     wait_s = awaiting_since + keepalive_s - now
+                    if wait_s <= 0 and not pinged and self._echo_sent_at < awaiting_since:
+                        await self._within("send PING", pubsub.ping(), keepalive_s)
+                        awaiting_since, pinged = loop.time(), True
+                        continue
                     if wait_s <= 0:
                         raise ConnectionError(
                             f"the release subscription to {self._shown} got no reply within "
@@ -265,16 +282,17 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
                 else:
                     wait_s = heard_at + keepalive_s - now
                     if wait_s <= 0:
-                        await self._within("send PING", pubsub.ping(), keepalive_s)
-                        awaiting_since = loop.time()
+                        self._echo_wanted = True
+                        awaiting_since, pinged = loop.time(), False
                         continue
                 message = await pubsub.get_message(timeout=wait_s)
                 if message is None:
                     continue
                 heard_at, awaiting_since = loop.time(), None
                 kind = message.get("type")
-                if kind in ("message", "smessage"):
-                    on_release(parse_notice(message.get("data", b"")))
+                data = message.get("data", b"")
+                if kind in ("message", "smessage") and data not in (b"echo", "echo"):
+                    on_release(parse_notice(data))
                 elif kind == "sunsubscribe":  # a cluster moved the slot away from this node
                     raise ConnectionError(
                         f"the release subscription to {self._shown} was ended by the server: "

@@ -16,6 +16,7 @@ __all__ = [
     "CONTROL",
     "CONTROL_SHARDED",
     "ELECT",
+    "ELECT_SHARDED",
     "RECORD_RUN",
     "RELEASE",
     "RELEASE_SHARDED",
@@ -39,15 +40,16 @@ __all__ = [
 #              for a caller without a record (nothing of the membership is read or written)
 # ARGV[4]    - the placement epoch the caller knows ("" for none)
 # ARGV[5]    - the digest of the caller's jobs (which nodes run the same jobs)
-# ARGV[4i+2] - lease time of job i, in milliseconds, or "0" to look at the lock without taking
+# ARGV[6]    - the release channel, to publish "echo" on (a listener's keepalive), or ""
+# ARGV[4i+3] - lease time of job i, in milliseconds, or "0" to look at the lock without taking
 #              it when it is free (placement: another node is preferred for it)
-# ARGV[4i+3] - the exact lock value the caller holds for job i in its current term, or "" (the
+# ARGV[4i+4] - the exact lock value the caller holds for job i in its current term, or "" (the
 #              caller sends "" for a value this library does not write: such a value is never
 #              the caller's, and "" itself is never renewed)
-# ARGV[4i+4] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
+# ARGV[4i+5] - the checkpoint retention of job i in milliseconds, or "" (no checkpoint): while
 #              the caller holds the lock, its checkpoint's expiry is pushed back to it, so that
 #              only the record of a job that no node leads any more expires
-# ARGV[4i+5] - the name of job i (to find its controls)
+# ARGV[4i+6] - the name of job i (to find its controls)
 #
 # Returns first 1 when the caller's membership record is stored, 0 when ARGV[2] was "" and the
 # record is missing (expired, or Redis lost it): the caller sends it whole on its next call.
@@ -59,8 +61,7 @@ __all__ = [
 #   the lock's remaining time to live in milliseconds (-1: no expiry, or an error);
 #   the job's controls as bits: 1 paused; 2 an extra run asked for, and 4 a step-down asked
 #   for, both consumed (deleted) by this call, and only ever reported to the lock's holder.
-#   The controls hash is read once (HLEN, then HGETALL only when it is not empty): without any
-#   control, a job costs what it cost before controls existed.
+#   The controls hash is read once (HLEN, then HGETALL only when it is not empty).
 # Then the server time in ms and the placement epoch; and, when that epoch is not ARGV[4] and
 # the caller keeps a membership record, the placement hash's fields and values, flat.
 #
@@ -111,8 +112,8 @@ end
 local out = {member}
 for i = 1, (#KEYS - 4) / 3 do
   local lock, fence, checkpoint = KEYS[3 * i + 2], KEYS[3 * i + 3], KEYS[3 * i + 4]
-  local ttl, held = ARGV[4 * i + 2], ARGV[4 * i + 3]
-  local retention, name = ARGV[4 * i + 4], ARGV[4 * i + 5]
+  local ttl, held = ARGV[4 * i + 3], ARGV[4 * i + 4]
+  local retention, name = ARGV[4 * i + 5], ARGV[4 * i + 6]
   local status, value, left = 0, redis.call('GET', lock), nil
   if not value and ttl == '0' then
     value, left = false, -2
@@ -166,6 +167,9 @@ if ARGV[3] ~= '' and epoch ~= ARGV[4] then
     table.insert(out, item)
   end
 end
+if ARGV[6] ~= '' then
+  redis.call('PUBLISH', ARGV[6], 'echo')
+end
 return out
 """
 
@@ -174,9 +178,7 @@ return out
 # KEYS[1] - the project's controls hash
 # ARGV[1] - the release channel (a "control" message wakes every node for a round)
 # ARGV[2] - the field (``paused:<job>``, ``trigger:<job>`` or ``step-down:<job>``)
-# ARGV[3] - its value, or "" to delete the field
-#
-# Returns 1 when the field changed (was absent and is set, or was present and is deleted).
+# ARGV[3] - its value, or "" to delete the field. Returns 1 when the field changed.
 CONTROL = """
 local changed
 if ARGV[3] == '' then
@@ -233,14 +235,16 @@ end
 return released
 """
 
-CONTROL_SHARDED = CONTROL.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
-"""``CONTROL`` for Redis Cluster: the wake-up goes where the listener subscribes."""
-assert CONTROL_SHARDED != CONTROL
 
-RELEASE_SHARDED = RELEASE.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
-"""``RELEASE`` for Redis Cluster: the notice goes out by sharded pub/sub (Redis 7.0+), on the
-shard of the project's slot, where the listener subscribes (``_redis_cluster``)."""
-assert RELEASE_SHARDED != RELEASE
+def _sharded(script: str) -> str:
+    """``script`` for Redis Cluster: its notices go out by sharded pub/sub (Redis 7.0+), on the
+    shard of the project's slot, where the listener subscribes (``_redis_cluster``)."""
+    sharded = script.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+    assert sharded != script
+    return sharded
+
+
+CONTROL_SHARDED, ELECT_SHARDED, RELEASE_SHARDED = map(_sharded, (CONTROL, ELECT, RELEASE))
 
 # Claim instants of jobs before running them, so that no instant runs twice across leaders:
 # the claims made while the node's previous claim was in flight, sent together.

@@ -183,10 +183,10 @@ class LeaseStore(Protocol):
         ``ReleaseListener``) or an operator changes a control (with None); runs until
         cancelled or broken.
 
-        After ``keepalive_s`` of silence it checks its connection (a PING on Redis) and raises
-        ``ConnectionError`` when no reply comes within another ``keepalive_s``, so that a
-        silently dead connection ends in an error the caller retries, never in a listener that
-        hears nothing.
+        After ``keepalive_s`` of silence it checks its connection (on Redis: an echo published
+        by the next ``elect``, or a PING) and raises ``ConnectionError`` when nothing comes
+        within another ``keepalive_s``: a silently dead connection ends in an error the caller
+        retries, never in a listener that hears nothing.
         """
         ...
 

@@ -612,3 +612,47 @@ def test_a_notice_that_names_no_job_asks_about_every_job() -> None:
     # An operator's control, and the count an older version published: every job.
     assert parse_notice(b"control") is None
     assert parse_notice(b"3") is None
+
+
+@pytest.mark.redis
+async def test_redis_listener_keepalive_rides_on_the_election_call(
+    fresh_redis: RedisServerFactory, unique_project: str
+) -> None:
+    """A silent subscription is checked by an echo that the next ``ELECT`` publishes inside
+    its script, which the listener hears and does not pass on: no ``PING`` of its own, so a
+    round stays one round trip. With no ``ELECT`` call meanwhile, a ``PING`` checks it."""
+    server = fresh_redis()
+    store = RedisLeaseStore(unique_project, url=server.url)
+    channel = _keys.release_channel(unique_project)
+    keepalive_s = 0.2
+    heard: list[frozenset[str] | None] = []
+    listener = asyncio.create_task(store.listen_releases(heard.append, keepalive_s=keepalive_s))
+    try:
+        with server.client() as client:
+
+            def subscribed() -> bool:
+                return bool(client.pubsub_numsub(channel)[0][1] == 1)
+
+            await wait_until(subscribed, 5.0, "the listener subscribed")
+            await store.elect("n1", [LeaseRequest("job", TTL_S)])  # loads the script
+            before = _calls(client)
+            for _ in range(int(6 * keepalive_s / 0.05)):  # an election round every 50 ms
+                await store.elect("n1", [LeaseRequest("job", TTL_S)])
+                await asyncio.sleep(0.05)
+            electing = {k: n - before.get(k, 0) for k, n in _calls(client).items()}
+            assert not listener.done(), listener
+            idle_from = _calls(client)
+            await asyncio.sleep(4 * keepalive_s)  # no election call: the listener PINGs
+            idle = {k: n - idle_from.get(k, 0) for k, n in _calls(client).items()}
+            assert not listener.done(), listener
+            assert subscribed()
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+        await store.aclose()
+
+    assert electing.get("cmdstat_ping", 0) == 0, electing
+    assert electing.get("cmdstat_publish", 0) >= 2, "echoes published by the ELECT script"
+    assert heard == [], "an echo is no release notice"
+    assert idle.get("cmdstat_ping", 0) >= 1, idle
