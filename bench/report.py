@@ -686,9 +686,9 @@ def precision_limits(data: Json, cpu_vs_aps: str | None, cpus: int) -> list[str]
             "up to a whole millisecond, so a timer fires 0-1 ms after its instant plus the "
             "kernel's wake-up latency; the bare asyncio floor, which does nothing but sleep until "
             f"the instant, shows {_p50_p99(floor)} at 10 ms in the same run, against "
-            f"{_p50_p99(ours)} for the library, whose body starts a task hand-off or two after "
-            "its timer fires (the timer task starts the run's own task, which then awaits the "
-            "job).",
+            f"{_p50_p99(ours)} for the library, whose body starts one task hand-off after its "
+            "timer fires (the timer's callback starts the run's own task, which then awaits the "
+            "job; creating that task, cold after a sleep, takes tens of microseconds here).",
         ]
     precision_s = s.get("precision_s", 0.002)
     plain100 = _precision_row(data, "singletonjob", 100, 0)
@@ -703,7 +703,7 @@ def precision_limits(data: Json, cpu_vs_aps: str | None, cpus: int) -> list[str]
             f"{_p50_p99(plain100)} to {_p50_p99(precise100)}; at 10 ms from {_p50_p99(ours)} to "
             f"{_p50_p99(precise10)}, for {num(precise10['cpu_ms_per_s'], 1)} ms of CPU per second "
             f"against {num(ours['cpu_ms_per_s'], 1)} ms/s (table above). What remains is the "
-            "task hand-offs between the instant and the body"
+            "task hand-off between the instant and the body"
             + (
                 f" (the library's own view with the setting, at 100 ms: p50 {num(own['p50'], 2)}"
                 f" / p99 {num(own['p99'], 2)} ms)"
