@@ -342,12 +342,9 @@ class Elector:
         )
 
     def _listener_delay(self, failures: int) -> float:
-        return next_attempt_delay(
-            heartbeat_s=self._heartbeat_s,
-            max_backoff_s=self._max_backoff_s,
-            failures=max(failures, 1),
-            jitter=self._rng(),
-        )
+        # A heartbeat, no backoff: a subscription attempt is a connection, cheap for Redis,
+        # and its success wakes the election out of its own backoff when Redis is back.
+        return self._heartbeat_s * (0.5 + 0.5 * self._rng())
 
     # -- shutdown -------------------------------------------------------------------------
 

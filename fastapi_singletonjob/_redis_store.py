@@ -125,12 +125,9 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
         self._checked_server = False
         self._channel = _keys.release_channel(project)
 
-    _echo_wanted = False
-    """A release listener heard nothing for its keepalive: the next ``elect`` publishes an
-    echo on the channel, inside its script, so that checking the subscription costs no round
-    trip of its own."""
-    _echo_sent_at = float("-inf")
-    """Loop time of the last ``elect`` whose script published an echo."""
+    _echo_wanted = False  # the listener heard nothing for a keepalive: the next elect echoes
+    _echo_sent_at = float("-inf")  # loop time of the last elect that published an echo
+    _broke = False  # the last subscription failed: the next one's confirmation wakes
 
     _CLUSTER_REPLIES: tuple[type[Exception], ...] = (AskError, ClusterCrossSlotError)
     """Replies only a Redis Cluster node gives: this server is one (see ``_redis_cluster``)."""
@@ -251,7 +248,9 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
         ``ConnectionError`` when nothing arrives within another ``keepalive_s``. That also
         catches a subscription left on a server that is no longer where the election writes
         (a failover). Without an ``elect`` in that time (no election, or a failing one) it
-        sends a ``PING`` and waits as long again. The confirmation is awaited the same way.
+        sends a ``PING`` and waits as long again. The confirmation is awaited the same way,
+        and, on a subscription that replaces a failed one, passed on as ``on_release(None)``:
+        notices may have been missed meanwhile, and the store answers again.
         """
         if not keepalive_s > 0:
             raise ValueError(f"keepalive_s={keepalive_s!r} must be a positive number of seconds")
@@ -293,11 +292,17 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
                 data = message.get("data", b"")
                 if kind in ("message", "smessage") and data not in (b"echo", "echo"):
                     on_release(parse_notice(data))
+                elif kind in ("subscribe", "ssubscribe") and self._broke:
+                    self._broke = False  # what was released meanwhile is unknown: ask about all
+                    on_release(None)
                 elif kind == "sunsubscribe":  # a cluster moved the slot away from this node
                     raise ConnectionError(
                         f"the release subscription to {self._shown} was ended by the server: "
                         "the project's hash slot moved to another node"
                     )
+        except Exception:
+            self._broke = True
+            raise
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
             await client.aclose(close_connection_pool=True)

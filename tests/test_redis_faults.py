@@ -180,6 +180,42 @@ async def test_redis_killed_leader_stops_within_lock_expiry(
     assert time.monotonic() - began < 1.0
 
 
+async def test_redis_back_wakes_the_election_out_of_a_long_backoff(
+    fresh_redis: RedisServerFactory, nodes: Nodes
+) -> None:
+    """With a long ``max_backoff`` the election, failing, waits longer and longer between
+    rounds; the release listener keeps trying every heartbeat, and its subscription, once Redis
+    answers again, wakes the election: a new term within about a heartbeat of the restart, not
+    at the end of a backoff (the detection + promotion + one heartbeat of a failover)."""
+    server, journal = fresh_redis(), Journal()
+    jobs = nodes.make(server.url, "a", max_backoff=30.0)
+    jobs.fixed_rate(JOB, every=EVERY_S)(journal.tick)
+    await jobs.start()
+    await running(journal, nodes)
+    old_token = journal.last_token()
+    assert jobs.engine is not None
+    elector = jobs.engine.elector
+
+    await kill(server)
+    # Down until the election backs off well past a heartbeat (HEARTBEAT_S * 2^5 = 3.2 s at
+    # the fifth failure in a row, half of it at random).
+    await wait_until(lambda: elector.failures >= 5, 10.0, "the election backs off")
+    failures = elector.failures
+    await asyncio.to_thread(server.restart)  # the same port, no data
+    restarted_at = time.monotonic()
+    led_at = await wait_until(
+        lambda: any(run.token > old_token for run in journal.runs), 10.0, "a run of a new term"
+    )
+    print(
+        f"Redis back after {failures} failed rounds: a new term running "
+        f"{(led_at - restarted_at) * 1000:.0f} ms later"
+    )
+    # The listener's next attempt (at most a heartbeat; the restart's own start-up aside), the
+    # round it wakes, the first run.
+    assert led_at - restarted_at <= HEARTBEAT_S + EVERY_S + 3 * TOLERANCE_S
+    assert tokens_in_order(journal.runs)
+
+
 async def test_redis_restarted_empty_elects_again_with_a_greater_token(
     fresh_redis: RedisServerFactory, nodes: Nodes
 ) -> None:

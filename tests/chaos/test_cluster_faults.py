@@ -162,9 +162,10 @@ async def test_row54_slot_master_sigkill_with_replica_promotion(
         handover_s=handover_s,
     )
     assert overlap == 0.0
-    # Detection and promotion, then a backoff and a heartbeat; and each failed call re-reads
-    # the slot map and the command table (redis-py), 0.15-0.5 s each on a loaded machine.
-    assert resumed_at - promoted_at < B + H + 2.0
+    # Detection and promotion, then a heartbeat, not a backoff: the release listener, trying
+    # every heartbeat, subscribes on the promoted replica and wakes the election. Slack for
+    # redis-py re-reading the slot map and the command table (0.15-0.5 s on a loaded machine).
+    assert resumed_at - promoted_at < H + 1.0
     assert handover_s < 0.3
 
 
