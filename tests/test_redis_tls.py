@@ -96,6 +96,20 @@ async def serve(jobs: SingletonJobs) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+async def tls_error_reported(client: httpx.AsyncClient, timeout_s: float) -> list[str]:
+    """Poll readiness (503 all along) until its reason names the TLS error; the reasons."""
+    reasons: list[str] = []
+
+    async def names_the_tls_error() -> bool:
+        response = await client.get(f"{PREFIX}/health/jobs")
+        assert response.status_code == 503, response.text
+        reasons.append(response.json()["reason"])
+        return "CERTIFICATE_VERIFY_FAILED" in reasons[-1]
+
+    await wait_until(names_the_tls_error, timeout_s, f"readiness names the TLS error: {reasons}")
+    return reasons
+
+
 async def test_rediss_with_a_ca_and_a_client_certificate_elects_and_hands_over(
     fresh_redis: RedisServerFactory, tmp_path: Path, unique_project: str
 ) -> None:
@@ -126,19 +140,11 @@ async def test_a_certificate_of_another_ca_is_reported_by_readiness(
     port = start_tls_server(fresh_redis, pems)
     runs: list[str] = []
     jobs = node(tls_url(port, pems, ca=other_ca), unique_project, "a", runs)
-    reasons: list[str] = []
 
     async with serve(jobs) as client:
-
-        async def names_the_tls_error() -> bool:
-            response = await client.get(f"{PREFIX}/health/jobs")
-            assert response.status_code == 503, response.text
-            reasons.append(response.json()["reason"])
-            return "CERTIFICATE_VERIFY_FAILED" in reasons[-1]
-
         # The first round may time out instead: 0.1 s (the heartbeat) is the connect timeout,
         # and the first TLS context takes a while to load on a busy machine.
-        await wait_until(names_the_tls_error, 5.0, f"readiness names the TLS error: {reasons}")
+        reasons = await tls_error_reported(client, 5.0)
         live = await client.get(f"{PREFIX}/health/live")
     assert reasons[-1].startswith("the lease store has not answered yet"), reasons[-1]
     assert live.status_code == 200, "a TLS mismatch is not a liveness failure"
