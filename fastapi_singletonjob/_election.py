@@ -63,6 +63,8 @@ class Elector:
         )
         self.leases = self.terms.leases
         self._heartbeat_s = heartbeat_s
+        ttls = [lease.ttl_s for lease in self.leases.values()] or [heartbeat_s]
+        self._shortest_ttl_s, self._longest_ttl_s = min(ttls), max(ttls)
         self._max_backoff_s = max_backoff_s
         self._clock = clock
         self._rng = rng
@@ -126,6 +128,14 @@ class Elector:
         self.terms.run_started(job)
         if not self._watching:
             self._deadlines_moved.ring()
+
+    def run_ended(self, job: str) -> None:
+        """A run of ``job`` ended: a handover that waited for it (a step-down, a placement
+        move) goes now, in a round at once, not at the next round that falls between runs."""
+        self.terms.run_ended(job)
+        spread = self._spread
+        if self.leases[job].stepping_down or (spread is not None and spread.waits_for(job)):
+            self._wake.ring()
 
     def retry_now(self) -> None:
         """Run a round now instead of waiting out the backoff (the store answers again)."""
@@ -293,14 +303,6 @@ class Elector:
             self.leases[job].rest_until = self._clock.monotonic() + self.leases[job].ttl_s
         if jobs:
             await self.release(jobs)
-
-    @property
-    def _shortest_ttl_s(self) -> float:
-        return min((lease.ttl_s for lease in self.leases.values()), default=self._heartbeat_s)
-
-    @property
-    def _longest_ttl_s(self) -> float:
-        return max((lease.ttl_s for lease in self.leases.values()), default=self._heartbeat_s)
 
     def _on_success(self, sent_at: float, replies: list[LeaseReply]) -> None:
         if self.failures:

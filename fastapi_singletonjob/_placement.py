@@ -166,6 +166,7 @@ class Spreader:
         "_let_go",
         "_membership",
         "_moved_away",
+        "_waiting",
         "_node_id",
         "_placement",
         "_settle_ms",
@@ -186,6 +187,7 @@ class Spreader:
         self._let_go: dict[str, tuple[str, float]] = {}
         """Job -> the node that let its lock go, and until when (monotonic) that counts."""
         self._moved_away: set[str] = set()
+        self._waiting: set[str] = set()
         """The jobs this node handed over for placement and has not led since."""
         self._heartbeat_s = heartbeat_s
         self._clock = clock
@@ -279,9 +281,16 @@ class Spreader:
         counts = Counter(
             lease.holder for lease in leases.values() if lease.wanted and lease.holder is not None
         )
-        moving = self._placement.to_hand_over(led, idle, counts)
+        wanted = self._placement.to_hand_over(led, dict.fromkeys(idle, True), counts)
+        moving = [job for job in wanted if idle[job]]
+        self._waiting = {job for job in wanted if not idle[job]}
         self._moved_away.update(moving)
         return moving
+
+    def waits_for(self, job: str) -> bool:
+        """Whether a move of ``job`` waits for its run in flight to end (then a round should
+        come at once: a node whose rounds fall in the runs of its jobs must still move them)."""
+        return job in self._waiting
 
     def _let_go_by_preferred(self, job: str, now: float) -> bool:
         node, until = self._let_go.get(job, ("", now))

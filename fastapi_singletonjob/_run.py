@@ -284,7 +284,7 @@ class JobRunner:
         """The run in flight (or the catch-up) has ended: the job is idle again."""
         self.current = None
         self.stats.running_since = None
-        self._elector.terms.run_ended(self.spec.name)
+        self._elector.run_ended(self.spec.name)
         if self.on_run_end is not None:
             self.on_run_end(self)
 

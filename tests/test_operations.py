@@ -302,6 +302,43 @@ async def test_step_down_waits_for_the_run_in_flight(clock: FakeClock) -> None:
     assert all(x[2] <= y[1] for x, y in zip(runs, runs[1:], strict=False)), "no overlap"
 
 
+async def test_step_down_goes_when_the_run_ends_though_every_round_falls_in_a_run(
+    clock: FakeClock,
+) -> None:
+    """Each node renews on its own beat, a fixed phase of the heartbeat: the leader's rounds
+    can all fall inside the runs of a job whose period is the heartbeat. The step-down, which
+    waits for the run in flight, goes when that run ends, not at a round between runs that
+    never comes."""
+    url = f"memory://ops-phase-{id(clock)}"
+
+    def busy_node(node_id: str) -> SingletonJobs:
+        jobs = node(clock, url, node_id, [])
+
+        @jobs.fixed_rate("busy", every=HEARTBEAT_S)
+        async def busy() -> None:
+            await clock.sleep(0.6 * HEARTBEAT_S)  # runs on [k, k + 0.6) of each second
+
+        return jobs
+
+    a, b = busy_node("a"), busy_node("b")
+    await a.start()
+    assert a.engine is not None
+    a.engine.elector._phase = 0.3  # a's rounds at k + 0.3: always in a run of busy
+    await clock.advance(0.5)
+    await b.start()
+    try:
+        await clock.advance(3.0 - (clock.monotonic() % 1.0) + 0.3)  # at k + 0.3: in a run
+        assert leader(await b.cluster_status(), "busy") == "a"
+        await b.step_down("busy")
+        await clock.advance(0.1)
+        assert leader(await b.cluster_status(), "busy") == "a", "not in the middle of a run"
+        await clock.advance(0.4)  # the run ended at k + 0.6
+        assert leader(await b.cluster_status(), "busy") == "b"
+    finally:
+        await stop(b, clock)
+        await stop(a, clock)
+
+
 async def test_admin_routes_and_cluster_answer_503_when_redis_does_not() -> None:
     jobs = SingletonJobs(f"redis://:hunter2@127.0.0.1:{free_port()}/0", project="ops", node_id="a")
 
