@@ -217,3 +217,46 @@ async def test_a_killed_nodes_jobs_are_not_handed_back_to_it(
         spells = leaderless_spells(history, job)
         assert len(spells) == 1 and spells[0] * 0.01 <= EXPIRY_S + 3 * HEARTBEAT_S, (job, spells)
     assert None not in history[-1].values()
+
+
+async def test_moves_go_when_runs_end_though_every_round_of_the_leader_falls_in_a_run(
+    unique_project: str,
+) -> None:
+    """A leader whose beat falls inside the runs of its jobs (their period is the heartbeat,
+    each run takes 60 % of it) still hands the jobs preferred elsewhere over: each move that
+    finds a run in flight goes when that run ends."""
+    clock = FakeClock()
+
+    def busy_node(name: str) -> SingletonJobs:
+        jobs = SingletonJobs(
+            "memory://",
+            project=unique_project,
+            node_id=name,
+            heartbeat_interval=HEARTBEAT_S,
+            lock_expiry=EXPIRY_S,
+            shutdown_timeout=0.5,
+            clock=clock,
+        )
+        for job in JOBS:
+
+            @jobs.fixed_rate(job, every=HEARTBEAT_S, checkpoint=False)
+            async def run(ctx: JobContext) -> None:
+                await clock.sleep(0.6 * HEARTBEAT_S)
+
+        return jobs
+
+    a, b = busy_node("web-a"), busy_node("web-b")
+    await a.start()
+    try:
+        assert a.engine is not None
+        a.engine.elector._phase = 0.3  # a's rounds 30 ms into each 100 ms: always in runs
+        await run_for(clock, [a], 0.5)
+        assert Counter(leaders([a]).values()) == {"web-a": len(JOBS)}
+        await b.start()
+        history = await run_for(clock, [a, b], EXPIRY_S + 2.0)
+    finally:
+        await stop(b, clock)
+        await stop(a, clock)
+    counts = Counter(history[-1].values())
+    print(f"after {EXPIRY_S + 2.0:g} s: {dict(counts)}")
+    assert counts["web-b"] >= 2, counts
