@@ -224,8 +224,9 @@ class MemoryControls:
         else:
             changed = key not in self._data.controls
             self._data.controls[key] = value
+        job = frozenset({field.partition(":")[2]})  # as CONTROL's "control <job>" notice
         for listener in list(self._data.listeners):
-            listener(None)
+            listener(job)
         return changed
 
     async def leave(self) -> None:

@@ -25,7 +25,8 @@ from ._placement import Spreader
 from ._store import LeaseReply, LeaseRequest, LeaseStore
 from ._telemetry import Telemetry
 from ._terms import Terms
-from ._timing import WATCH_STEP_S, asks_about, call_timeout_s, next_attempt_delay, soonest_end_s
+from ._timing import WATCH_STEP_S, call_timeout_s, next_attempt_delay, soonest_end_s
+from ._watch import Watch
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_US = timedelta(microseconds=1)
@@ -82,21 +83,22 @@ class Elector:
         self.last_round_at: float | None = None
         """Monotonic time the loop last finished a round (alive or not, it came back)."""
         self.round_trip_s: float | None = None
-        self._full_round = True
-        """Ask about every job in the next round (the first, and one after a control notice)."""
-        self._next_full_at = float("-inf")
-        self._noticed: set[str] = set()
-        """Jobs named by release notices since the last round: asked about in the next."""
-        self._spread = (
-            Spreader(
-                node_id,
-                membership=lambda: getattr(store, "membership", None),
-                settle_s=self._longest_ttl_s if settle_s is None else settle_s,
-                heartbeat_s=heartbeat_s,
-                clock=clock,
-            )
-            if placement == "spread"
-            else None
+        self._members = Spreader(
+            node_id,
+            membership=lambda: getattr(store, "membership", None),
+            settle_s=self._longest_ttl_s if settle_s is None else settle_s,
+            heartbeat_s=heartbeat_s,
+            clock=clock,
+        )
+        """The placement order of each job: who leads it with ``placement="spread"``, and
+        with either placement who watches it while another node holds it."""
+        self._spread = self._members if placement == "spread" else None
+        self._watch = Watch(
+            list(self.leases),
+            spreader=self._members,
+            heartbeat_s=heartbeat_s,
+            shortest_ttl_s=self._shortest_ttl_s,
+            clock=clock,
         )
 
     # -- queries --------------------------------------------------------------------------
@@ -146,9 +148,9 @@ class Elector:
         notice named no job), and the round asks about them, whatever their seen leases."""
         self._notice_at = self._clock.monotonic()
         if jobs is None:
-            self._full_round = True
+            self._watch.everything()
         else:
-            self._noticed |= jobs
+            self._watch.notice(jobs)
         self._wake.ring()
 
     # -- the loop -------------------------------------------------------------------------
@@ -210,15 +212,8 @@ class Elector:
         """One acquire-or-renew round for all leases; returns the delay until the next."""
         self.terms.expire()
         now = self._clock.monotonic()
-        if self._spread is not None:
-            self._spread.refresh(self.leases)
-        # Every job is asked about after a control notice (a release notice: the jobs it
-        # names), a failure, and at least every half lease time: a lock lost in Redis under a
-        # stopped leader is taken within that, not at the end of the lease last seen.
-        full = self._full_round or self.failures > 0 or now >= self._next_full_at
-        if full:
-            self._full_round, self._next_full_at = False, now + self._shortest_ttl_s / 2
-        noticed, self._noticed = self._noticed, set()  # asked about whatever their leases
+        self._members.refresh(self.leases)
+        self._watch.begin(self.failures)  # which jobs held elsewhere it asks about (_watch)
         requests = [
             LeaseRequest(
                 lease.job,
@@ -230,9 +225,7 @@ class Elector:
             for lease in self.leases.values()
             if lease.wanted
             and (self.terms.acquiring or lease.token is not None)
-            and (
-                lease.token is not None or self._competes(lease, now, full or lease.job in noticed)
-            )
+            and (lease.token is not None or self._competes(lease, now))
         ]
         holders = {request.job: self.leases[request.job].holder for request in requests}
         sent_at = self._clock.monotonic()
@@ -255,8 +248,8 @@ class Elector:
         resigned = [x.job for x in self.leases.values() if not x.wanted and x.value is not None]
         if resigned:
             await self.release(resigned)
+        self._members.refresh(self.leases)
         if self._spread is not None:
-            self._spread.refresh(self.leases)
             self._spread.observed(self.leases, holders)
         await self._hand_over()
         if self._spread is not None:
@@ -271,17 +264,14 @@ class Elector:
         # a heartbeat, and a lease whose deadline comes before the next reply would lapse.
         return max(0.0, self._delay(sent_at) - (self._clock.monotonic() - sent_at))
 
-    def _competes(self, lease: Lease, now: float, full: bool) -> bool:
+    def _competes(self, lease: Lease, now: float) -> bool:
         """Whether a follower asks about ``lease`` in this round: not while it rests after
         handing the job over (for one lock expiry, unless it was a placement move and this
-        node is now preferred); else in a full round (or one after a notice that named the
-        job), or when its holder's lease may end before the next round."""
+        node is now preferred); else as ``Watch.asks`` decides."""
         spread = self._spread
         if lease.rest_until > now and not (spread is not None and spread.back_in(lease.job)):
             return False
-        return full or asks_about(
-            lease.holder, lease.observed_at, lease.holder_ttl_s, now, self._heartbeat_s
-        )
+        return self._watch.asks(lease, now)
 
     async def _hand_over(self) -> None:
         """Release, between runs, the jobs an operator asked this node to step down from and,
@@ -337,7 +327,7 @@ class Elector:
             max_backoff_s=self._max_backoff_s,
             failures=self.failures,
             leading=leading,
-            holder_ttl_s=soonest_end_s(self.leases.values(), now, rtt),
+            holder_ttl_s=soonest_end_s(filter(self._watch.watches, self.leases.values()), now, rtt),
             jitter=self._rng(),
             sent_at=sent_at,
             phase=self._phase,

@@ -89,40 +89,59 @@ def rank(job: str, node_ids: Iterable[str]) -> list[str]:
 class Placement:
     """One node's view of who should lead what, rebuilt from each membership it reads."""
 
-    __slots__ = ("_fair", "_moves", "_node_id", "_preferred")
+    __slots__ = ("_fair", "_members", "_moves", "_node_id", "_order")
 
     def __init__(self, node_id: str, *, moves_per_round: int = DEFAULT_MOVES_PER_ROUND) -> None:
         if moves_per_round < 1:
             raise ValueError(f"moves_per_round={moves_per_round!r} must be at least 1")
         self._node_id = node_id
         self._moves = moves_per_round
-        self._preferred: dict[str, str] = {}
+        self._order: dict[str, tuple[str, ...]] = {}
+        """Job -> its first two nodes: the settled ones in rank order, then the others."""
         self._fair = 0
         """This node's fair share: its jobs over the nodes that may lead them, rounded up."""
+        self._members = 1
 
     def update(self, candidates: Iterable[Candidate], jobs: Iterable[str]) -> None:
         """Recompute the preferred node of each of ``jobs`` (this node's) from the live
         ``candidates`` (this node among them, or not yet)."""
         live = list(candidates)
         settled = [candidate for candidate in live if candidate.settled] or live
-        self._preferred = {}
+        later = [candidate for candidate in live if candidate not in settled]
+        self._order = {}
         for job in jobs:
-            able = [candidate.node_id for candidate in settled if job in candidate.jobs]
-            if not able:  # only unsettled nodes run it: any live one will do
-                able = [candidate.node_id for candidate in live if job in candidate.jobs]
-            if able:
-                self._preferred[job] = rank(job, able)[0]
-        self._fair = -(-len(self._preferred) // max(1, len(settled)))
+            order = rank(job, (c.node_id for c in settled if job in c.jobs))[:2]
+            if len(order) < 2:  # only unsettled nodes run it: any live one will do
+                order += rank(job, (c.node_id for c in later if job in c.jobs))[: 2 - len(order)]
+            if order:
+                self._order[job] = tuple(order)
+        self._fair = -(-len(self._order) // max(1, len(settled)))
+        self._members = max(1, len(live))
+
+    @property
+    def members(self) -> int:
+        """How many live nodes the last update counted (at least 1)."""
+        return self._members
 
     def preferred(self, job: str) -> str | None:
         """The node that should lead ``job``; None when no membership names it."""
-        return self._preferred.get(job)
+        order = self._order.get(job)
+        return order[0] if order else None
+
+    def watcher(self, job: str, holder: str) -> str | None:
+        """The node that watches ``job``'s lock while ``holder`` holds it: the first node of
+        the job's order that is not the holder (the preferred node, or the next when the
+        preferred node leads); None when the membership names no other node for it."""
+        for node in self._order.get(job, ()):
+            if node != holder:
+                return node
+        return None
 
     def may_take(self, job: str, seen_free_before: bool) -> bool:
         """Whether this node asks for ``job``'s free lock in this round: at once when it is the
         preferred node (or none is known), else only once the lock was already free in its
         previous round (the preferred node had its chance)."""
-        preferred = self._preferred.get(job)
+        preferred = self.preferred(job)
         return preferred is None or preferred == self._node_id or seen_free_before
 
     def to_hand_over(
@@ -140,7 +159,7 @@ class Placement:
         most = max(self._moves, (len(led) - self._fair) // 2)
         moving: list[str] = []
         for job in sorted(led):
-            target = self._preferred.get(job, self._node_id)
+            target = self.preferred(job) or self._node_id
             if target == self._node_id or not idle.get(job, False):
                 continue
             if counts.get(self._node_id, 0) <= counts.get(target, 0) + 1:
@@ -255,6 +274,15 @@ class Spreader:
                 self._moved_away.discard(job)
             if before not in (None, self._node_id, leases[job].holder):
                 self._let_go[job] = (before, until)
+
+    def watches(self, job: str, holder: str | None) -> bool:
+        """Whether this node keeps an eye on ``job``'s lock held by ``holder`` (a node id;
+        None: free or unknown, which every node watches): it is the job's watcher, or the
+        membership names none (not read yet, or no other node runs the job)."""
+        if holder is None or holder == self._node_id:
+            return True
+        watcher = self._placement.watcher(job, holder)
+        return watcher is None or watcher == self._node_id
 
     def back_in(self, job: str) -> bool:
         """Whether this node, having handed ``job`` over for placement, is its preferred

@@ -176,7 +176,7 @@ return out
 # Set or clear one operator's control of a job and wake every node's election at once.
 #
 # KEYS[1] - the project's controls hash
-# ARGV[1] - the release channel (a "control" message wakes every node for a round)
+# ARGV[1] - the release channel ("control <job>" wakes every node for a round about the job)
 # ARGV[2] - the field (``paused:<job>``, ``trigger:<job>`` or ``step-down:<job>``)
 # ARGV[3] - its value, or "" to delete the field. Returns 1 when the field changed.
 CONTROL = """
@@ -186,7 +186,7 @@ if ARGV[3] == '' then
 else
   changed = redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
 end
-redis.call('PUBLISH', ARGV[1], 'control')
+redis.call('PUBLISH', ARGV[1], 'control ' .. (string.match(ARGV[2], ':(.*)') or ''))
 return changed
 """
 

@@ -88,7 +88,8 @@ class JobStatus(BaseModel):
     )
     fencing_token: int | None = Field(description="Token of the leader's current term.")
     lease_time_left_s: float | None = Field(
-        description="Time left on the leader's lease (this node's deadline when it leads)."
+        description="Time left on the leader's lease (this node's deadline when it leads; "
+        "a follower's last sight of it, null once that is older than the lease had left).",
     )
     running: bool
     running_since: datetime | None

@@ -64,11 +64,11 @@ older version): ask about every job."""
 
 
 def parse_notice(data: str | bytes) -> frozenset[str] | None:
-    """The jobs a release notice names (``RELEASE`` publishes "jobs <name> <name> ..."),
-    or None for any other message."""
+    """The jobs a notice names (``RELEASE`` publishes "jobs <name> <name> ...", ``CONTROL``
+    "control <name>"), or None for any other message (a bare "control")."""
     text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
     kind, _, names = text.partition(" ")
-    return frozenset(names.split()) if kind == "jobs" else None
+    return frozenset(names.split()) if kind == "jobs" or (kind == "control" and names) else None
 
 
 class StoreReadOnly(ConnectionError):

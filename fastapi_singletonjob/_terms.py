@@ -83,13 +83,15 @@ class Terms:
 
     def holder_time_left(self, job: str) -> float | None:
         """Seconds the current holder's lock of ``job`` has left, as last observed (an
-        underestimate), or None when unknown or without expiry."""
+        underestimate), or None when unknown, without expiry, or last seen longer ago than
+        it had left (a follower does not ask about every job held elsewhere: ``_watch``)."""
         lease = self.leases[job]
         if lease.token is not None:
             return self.time_left(job)
         if lease.holder_ttl_s is None or lease.observed_at is None:
             return None
-        return max(0.0, lease.holder_ttl_s - (self._clock.monotonic() - lease.observed_at))
+        left = lease.holder_ttl_s - (self._clock.monotonic() - lease.observed_at)
+        return left if left > 0 else None
 
     # -- what the runner reports ----------------------------------------------------------
 

@@ -26,6 +26,7 @@ from waiting import wait_until
 
 from fastapi_singletonjob import _keys
 from fastapi_singletonjob._clock import SystemClock
+from fastapi_singletonjob._control_store import ControlStore
 from fastapi_singletonjob._membership import MemberRecord, Membership
 from fastapi_singletonjob._redis_cluster import ClusterLeaseStore
 from fastapi_singletonjob._redis_store import RedisLeaseStore
@@ -271,6 +272,25 @@ async def test_a_release_notice_names_the_jobs_released(case: Case) -> None:
         await wait_until(lambda: len(heard) >= 1, 2.0, "the release notice")
         # The others ask about these jobs only, not about every job.
         assert heard == [frozenset({"job-a", "job.b"})]
+    finally:
+        listener.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await listener
+
+
+async def test_a_control_notice_names_its_job(case: Case) -> None:
+    """An operator's control wakes the other nodes for a round about that job only, not
+    about every job (which, with many jobs and replicas, would cost Redis a full round of
+    every replica at each ``pause``)."""
+    heard: list[frozenset[str] | None] = []
+    listener = asyncio.create_task(case.store.listen_releases(heard.append))
+    try:
+        await wait_until(lambda: case.subscribers() >= 1, 2.0, "the listener subscribed")
+        controls: ControlStore = case.store  # type: ignore[assignment]
+        await controls.set_control(_keys.paused_field("job:with:colons"), "{}")
+        await controls.set_control(_keys.trigger_field("job-b"), "1")
+        await wait_until(lambda: len(heard) >= 2, 2.0, "the control notices")
+        assert heard == [frozenset({"job:with:colons"}), frozenset({"job-b"})]
     finally:
         listener.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -609,7 +629,9 @@ async def test_an_evicting_policy_is_warned_about(
 def test_a_notice_that_names_no_job_asks_about_every_job() -> None:
     assert parse_notice(b"jobs a b") == frozenset({"a", "b"})
     assert parse_notice("jobs ") == frozenset()
-    # An operator's control, and the count an older version published: every job.
+    assert parse_notice(b"control job-a") == frozenset({"job-a"})
+    # An operator's control as an older version published it, and the count an even older
+    # one did: every job.
     assert parse_notice(b"control") is None
     assert parse_notice(b"3") is None
 
