@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -207,6 +209,11 @@ def _steady(server: RedisServer, seconds: float) -> Json:
     samples: list[tuple[float, int, int]] = []
     pings: list[float] = []
     with server.client() as client:
+        # Every script's own duration, from the slow log: what another client can wait
+        # behind at most, without this process's scheduling in it (the PING's is).
+        client.config_set("slowlog-max-len", 100_000)
+        client.config_set("slowlog-log-slower-than", 0)
+        client.slowlog_reset()
         cpu0 = client.info("cpu")
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
@@ -217,6 +224,14 @@ def _steady(server: RedisServer, seconds: float) -> Json:
             samples.append((time.monotonic(), int(stat["calls"]), int(stat["usec"])))
             time.sleep(0.01)
         cpu1 = client.info("cpu")
+        client.config_set("slowlog-log-slower-than", -1)
+        logged = client.slowlog_get(100_000)
+        scripts = [
+            entry["duration"] / 1000
+            for entry in logged
+            if entry["command"][:7].upper() in (b"EVALSHA", "EVALSHA")
+        ]
+        slowest = max(logged, key=lambda entry: entry["duration"], default=None)
     elapsed = samples[-1][0] - samples[0][0]
     calls = samples[-1][1] - samples[0][1]
     usec = samples[-1][2] - samples[0][2]
@@ -239,6 +254,10 @@ def _steady(server: RedisServer, seconds: float) -> Json:
         if calls
         else None,
         "ping_ms": stats(pings, digits=2),
+        "script_ms": stats(scripts, digits=2),
+        "slowest_command": None
+        if slowest is None
+        else [str(slowest["command"])[:40], slowest["duration"] / 1000],
     }
 
 
@@ -304,7 +323,25 @@ def run(quick: bool, workdir: Path) -> Json:
             stable_s=2 * HEARTBEAT_S,
             timeout_s=180.0,
         )
-        steady = _steady(server, 3.0 if quick else 6.0)
+        # The PINGs measure how long Redis keeps another client waiting. With 50 replica
+        # processes on a small machine, Redis's and this process's own waits for a CPU would
+        # count too, which a Redis on a machine of its own does not have: both run under the
+        # real-time scheduler for the window where allowed (as root; both mostly sleep).
+        with server.client() as client:
+            pids = [os.getpid(), int(client.info("server")["process_id"])]
+        try:
+            for pid in pids:
+                os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(10))
+            realtime = True
+        except PermissionError:
+            realtime = False
+        try:
+            steady = _steady(server, 3.0 if quick else 6.0)
+        finally:
+            for pid in pids:
+                with contextlib.suppress(PermissionError, ProcessLookupError):
+                    os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+        steady["realtime_priority"] = realtime
         steady["settled_after_go_s"] = None if settled_s is None else since_go_s + settled_s
         steady["jobs_per_replica"] = _spread(leaders_settled, replicas)
 
