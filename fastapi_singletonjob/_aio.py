@@ -237,24 +237,18 @@ async def listen_for_releases(
     on_release: ReleaseListener,
     *,
     keepalive_s: float,
-    retry_delay: Callable[[int], float],
+    retry_delay: Callable[[], float],
     clock: Clock,
     node_id: str,
 ) -> None:
-    """Keep a release subscription up until cancelled: resubscribe after ``retry_delay(n)``
-    seconds for the ``n``-th failure in a row. The subscription is an optimisation (polling
-    goes on meanwhile), so failures are logged at DEBUG only."""
-    failures = 0
+    """Keep a release subscription up until cancelled: resubscribe ``retry_delay()`` seconds
+    after it failed. The subscription is an optimisation (polling goes on meanwhile), so
+    failures are logged at DEBUG only."""
     while True:
-        subscribed_at = clock.monotonic()
         try:
             await store.listen_releases(on_release, keepalive_s=keepalive_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # A subscription that served for a while was a success: back off afresh, rather
-            # than grow the delay across reconnects that worked.
-            lasted_s = clock.monotonic() - subscribed_at
-            failures = 1 if lasted_s > 4 * keepalive_s else failures + 1
             logger.debug("release listener of node %s failed: %r", node_id, exc)
-        await clock.sleep(retry_delay(failures))
+        await clock.sleep(retry_delay())

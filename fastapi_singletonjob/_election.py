@@ -333,7 +333,7 @@ class Elector:
             phase=self._phase,
         )
 
-    def _listener_delay(self, failures: int) -> float:
+    def _listener_delay(self) -> float:
         # A heartbeat, no backoff: a subscription attempt is a connection, cheap for Redis,
         # and its success wakes the election out of its own backoff when Redis is back.
         return self._heartbeat_s * (0.5 + 0.5 * self._rng())
