@@ -214,18 +214,22 @@ class Elector:
         now = self._clock.monotonic()
         self._members.refresh(self.leases)
         self._watch.begin(self.failures)  # which jobs held elsewhere it asks about (_watch)
+        resting = {job for job, lease in self.leases.items() if self._rests(lease, now)}
         requests = [
             LeaseRequest(
                 lease.job,
                 lease.ttl_s,
                 lease.value if lease.token is not None else None,
                 lease.retention_s,
-                lease.token is not None or self._spread is None or self._spread.take(lease),
+                lease.token is not None
+                or (
+                    lease.job not in resting and (self._spread is None or self._spread.take(lease))
+                ),
             )
             for lease in self.leases.values()
             if lease.wanted
             and (self.terms.acquiring or lease.token is not None)
-            and (lease.token is not None or self._competes(lease, now))
+            and (lease.token is not None or self._competes(lease, now, lease.job in resting))
         ]
         holders = {request.job: self.leases[request.job].holder for request in requests}
         sent_at = self._clock.monotonic()
@@ -254,7 +258,9 @@ class Elector:
         await self._hand_over()
         if self._spread is not None:
             looked_at = {
-                request.job: holders[request.job] for request in requests if not request.take
+                request.job: holders[request.job]
+                for request in requests
+                if not request.take and request.job not in resting
             }
             if self.failures == 0 and self._spread.wants_round(self.leases, looked_at):
                 return 0.0  # a free lock this round only looked at is this node's now
@@ -264,13 +270,18 @@ class Elector:
         # a heartbeat, and a lease whose deadline comes before the next reply would lapse.
         return max(0.0, self._delay(sent_at) - (self._clock.monotonic() - sent_at))
 
-    def _competes(self, lease: Lease, now: float) -> bool:
-        """Whether a follower asks about ``lease`` in this round: not while it rests after
-        handing the job over (for one lock expiry, unless it was a placement move and this
-        node is now preferred); else as ``Watch.asks`` decides."""
+    def _rests(self, lease: Lease, now: float) -> bool:
+        """Whether this node stays out of ``lease``'s election: for one lock expiry after it
+        handed the job over, unless it was a placement move and this node is now preferred."""
         spread = self._spread
-        if lease.rest_until > now and not (spread is not None and spread.back_in(lease.job)):
-            return False
+        return lease.rest_until > now and not (spread is not None and spread.back_in(lease.job))
+
+    def _competes(self, lease: Lease, now: float, resting: bool) -> bool:
+        """Whether a follower asks about ``lease`` in this round: while it rests, only to
+        look (never to take) until it sees who took the job over, so that placement counts
+        that node's jobs right; else as ``Watch.asks`` decides."""
+        if resting:
+            return lease.holder is None
         return self._watch.asks(lease, now)
 
     async def _hand_over(self) -> None:
@@ -364,6 +375,7 @@ class Elector:
                     last_us[lease.job] = (lease.last_started - _EPOCH) // _ONE_US
         if not values:
             return 0
+        sent_at = self._clock.monotonic()
         try:
             released = await within(self._store.release(self.owner, values, last_us), timeout_s)
         except Exception as exc:
@@ -376,6 +388,7 @@ class Elector:
             return 0
         for job in values:
             self.leases[job].value = None
+            self.terms.freed(job, sent_at)
         jobs_text = ", ".join(values)
         if released == len(values):
             logger.info("node %s released leadership of %s", self.node_id, jobs_text)

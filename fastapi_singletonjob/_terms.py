@@ -93,6 +93,13 @@ class Terms:
         left = lease.holder_ttl_s - (self._clock.monotonic() - lease.observed_at)
         return left if left > 0 else None
 
+    def freed(self, job: str, at: float) -> None:
+        """This node released ``job``'s lock by a call sent at ``at``: the lock was free then,
+        and this node no longer counts as its holder (placement counts each node's jobs)."""
+        lease = self.leases[job]
+        lease.holder = lease.holder_token = lease.holder_ttl_s = None
+        lease.observed_at = at
+
     # -- what the runner reports ----------------------------------------------------------
 
     def run_started(self, job: str) -> None:

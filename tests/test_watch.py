@@ -132,6 +132,28 @@ async def test_a_followers_status_shows_no_lease_time_for_a_job_it_last_saw_long
             elif view.lease_time_left_s is None:
                 unknown += 1
             else:
-                assert 0 < view.lease_time_left_s <= EXPIRY_S
+                assert 0 <= view.lease_time_left_s <= EXPIRY_S  # rounded to the ms
     # Each job has one watcher, which keeps seeing it; the other follower mostly does not.
     assert 0 < unknown <= len(JOBS)
+
+
+async def test_a_node_that_handed_a_job_over_sees_who_took_it(
+    cluster: Callable[..., SingletonJobs],
+) -> None:
+    """Placement counts each node's jobs from what this node last saw: a node that handed a
+    job over looks (never takes) until it sees the taker, instead of counting the job as its
+    own for as long as it rests (which made it move one job too many after a leave)."""
+    clock, nodes, settled = await three_settled(cluster)
+    job = "job-05"
+    holder = next(jobs for jobs in nodes if jobs.node_id == settled[job])
+    engine = holder.engine
+    assert engine is not None
+
+    await holder.step_down(job)
+    history = await run_for(clock, nodes, 3 * HEARTBEAT_S)
+
+    taker = history[-1][job]
+    assert taker not in (None, holder.node_id), history[-1]
+    assert engine.elector.leases[job].holder == taker
+    # Still resting: it took nothing back.
+    assert all(seen[job] != holder.node_id for seen in history[5:])
