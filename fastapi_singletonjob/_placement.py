@@ -89,7 +89,7 @@ def rank(job: str, node_ids: Iterable[str]) -> list[str]:
 class Placement:
     """One node's view of who should lead what, rebuilt from each membership it reads."""
 
-    __slots__ = ("_fair", "_members", "_moves", "_node_id", "_order")
+    __slots__ = ("_fair", "_live", "_members", "_moves", "_node_id", "_order")
 
     def __init__(self, node_id: str, *, moves_per_round: int = DEFAULT_MOVES_PER_ROUND) -> None:
         if moves_per_round < 1:
@@ -101,6 +101,7 @@ class Placement:
         self._fair = 0
         """This node's fair share: its jobs over the nodes that may lead them, rounded up."""
         self._members = 1
+        self._live: frozenset[str] = frozenset()
 
     def update(self, candidates: Iterable[Candidate], jobs: Iterable[str]) -> None:
         """Recompute the preferred node of each of ``jobs`` (this node's) from the live
@@ -117,6 +118,7 @@ class Placement:
                 self._order[job] = tuple(order)
         self._fair = -(-len(self._order) // max(1, len(settled)))
         self._members = max(1, len(live))
+        self._live = frozenset(candidate.node_id for candidate in live)
 
     @property
     def members(self) -> int:
@@ -131,7 +133,10 @@ class Placement:
     def watcher(self, job: str, holder: str) -> str | None:
         """The node that watches ``job``'s lock while ``holder`` holds it: the first node of
         the job's order that is not the holder (the preferred node, or the next when the
-        preferred node leads); None when the membership names no other node for it."""
+        preferred node leads); None when the membership names no other node for it, or not
+        the holder (a node gone, or not of this library): then every node watches it."""
+        if holder not in self._live:
+            return None
         for node in self._order.get(job, ()):
             if node != holder:
                 return node

@@ -16,9 +16,12 @@ holder's last renewal. The other nodes ask about it only:
   once per half lock expiry times the number of members: its status shows holders at most
   that old, and Redis's cost of it does not grow with the number of replicas.
 
-When the holder and its watcher die together, the job waits for the watcher's membership to
-expire (one lock expiry), then the next node in the order watches it. Without a membership
-(a store that keeps none, or before the first round read it) a node watches every job.
+A job whose holder is not a live member (a node whose membership expired, a value not of this
+library's) is watched by every node until it sees a live holder: after a crash, every node
+learns who took the dead node's jobs over. When the holder and its watcher die together, the
+job waits for the watcher's membership to expire (one lock expiry), then the next node in the
+order watches it. Without a membership (a store that keeps none, or before the first round
+read it) a node watches every job.
 """
 
 from __future__ import annotations

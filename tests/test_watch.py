@@ -157,3 +157,32 @@ async def test_a_node_that_handed_a_job_over_sees_who_took_it(
     assert engine.elector.leases[job].holder == taker
     # Still resting: it took nothing back.
     assert all(seen[job] != holder.node_id for seen in history[5:])
+
+
+async def test_after_a_crash_every_node_sees_who_took_the_dead_nodes_jobs(
+    cluster: Callable[..., SingletonJobs],
+) -> None:
+    """The watcher takes a dead node's jobs over without a notice; the other nodes watch a
+    job whose holder left the membership until they see its new holder, so their views (and
+    placement's counts of each node's jobs) are right within a heartbeat of that, not only
+    after the survey's turn."""
+    clock, nodes, settled = await three_settled(cluster)
+    victim, survivors = nodes[0], nodes[1:]
+    kill(victim)
+
+    taken = 0.0
+    while None in leaders(survivors).values() or victim.node_id in leaders(survivors).values():
+        assert taken < 2 * EXPIRY_S + 4 * HEARTBEAT_S, leaders(survivors)
+        await clock.advance(0.01)
+        taken += 0.01
+    # At most a lock expiry after the crash the record left the membership too; a few
+    # heartbeats later every survivor has looked (the survey's turn: 0.75 s).
+    history = await run_for(clock, survivors, 3 * HEARTBEAT_S)
+
+    led = history[-1]
+    assert None not in led.values(), led
+    for jobs in survivors:
+        engine = jobs.engine
+        assert engine is not None
+        seen = {job: engine.elector.leases[job].holder for job in JOBS}
+        assert seen == led, jobs.node_id

@@ -266,6 +266,8 @@ class Node:
         )
         self.fence = self.witness.register_script(FENCE_SCRIPT)
         self.sync_fence = self.sync_witness.register_script(FENCE_SCRIPT)
+        self._sync_runs = 0
+        """Sync runs in flight: their threads use ``sync_witness`` until they return."""
         self.client: redis.asyncio.Redis | None = None
         if config.client_pool:
             # extra["no_handshake"]: RESP2 and no CLIENT SETINFO, so that a new connection
@@ -472,6 +474,7 @@ class Node:
         keys = fence_keys(self.config.project, ctx.job)
         self.journal.write("start", scheduled=ctx.scheduled_at.timestamp(), **base)
         outcome = "error"
+        self._sync_runs += 1
         try:
             counter = counter_key(self.config.project, ctx.job)
             value = int(self.sync_witness.get(counter) or 0)
@@ -484,6 +487,7 @@ class Node:
             self.sync_witness.set(counter, value + 1)
             outcome = "ok"
         finally:
+            self._sync_runs -= 1
             self.journal.write("end", outcome=outcome, **base)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -536,7 +540,8 @@ class Node:
     async def _close(self) -> None:
         self.journal.write("stopped")
         await self.witness.aclose()
-        self.sync_witness.close()
+        if not self._sync_runs:  # else a stuck thread still writes: closed at the exit
+            self.sync_witness.close()
         if self.client is not None:
             await self.client.aclose()
 
