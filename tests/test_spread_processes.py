@@ -126,8 +126,15 @@ async def test_twelve_jobs_spread_and_a_join_and_a_leave_move_only_what_they_mus
         cluster, ["n1", "n2", "n3", "n4"], "after n4 joined", not_before=joined + settle_s
     )
     moved = [job for job in JOBS if before[job] != after_join[job]]
-    assert all(after_join[job] == "n4" for job in moved), (before, after_join)
     assert 1 <= len(moved) <= 6, moved  # its share is 3
+    assert any(after_join[job] == "n4" for job in moved), (before, after_join)
+    # Besides the newcomer's jobs, only one that the count margin had kept off its preferred
+    # node may move, now that the newcomer took jobs from that node, and only to it.
+    shifted = [job for job in moved if after_join[job] != "n4"]
+    assert len(shifted) <= 2, (before, after_join)
+    for job in shifted:
+        preferred = rank(job, ["n1", "n2", "n3", "n4"])[0]
+        assert before[job] != preferred == after_join[job], (job, before, after_join)
 
     cluster.send("n1", signal.SIGTERM)
     assert await cluster.wait_exit("n1") == 0, cluster.describe()
