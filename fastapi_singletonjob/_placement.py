@@ -89,7 +89,7 @@ def rank(job: str, node_ids: Iterable[str]) -> list[str]:
 class Placement:
     """One node's view of who should lead what, rebuilt from each membership it reads."""
 
-    __slots__ = ("_fair", "_live", "_members", "_moves", "_node_id", "_order")
+    __slots__ = ("_fair", "_live", "_moves", "_node_id", "_order")
 
     def __init__(self, node_id: str, *, moves_per_round: int = DEFAULT_MOVES_PER_ROUND) -> None:
         if moves_per_round < 1:
@@ -100,8 +100,8 @@ class Placement:
         """Job -> its first two nodes: the settled ones in rank order, then the others."""
         self._fair = 0
         """This node's fair share: its jobs over the nodes that may lead them, rounded up."""
-        self._members = 1
         self._live: frozenset[str] = frozenset()
+        """The live nodes of the last update."""
 
     def update(self, candidates: Iterable[Candidate], jobs: Iterable[str]) -> None:
         """Recompute the preferred node of each of ``jobs`` (this node's) from the live
@@ -117,13 +117,12 @@ class Placement:
             if order:
                 self._order[job] = tuple(order)
         self._fair = -(-len(self._order) // max(1, len(settled)))
-        self._members = max(1, len(live))
         self._live = frozenset(candidate.node_id for candidate in live)
 
     @property
     def members(self) -> int:
         """How many live nodes the last update counted (at least 1)."""
-        return self._members
+        return max(1, len(self._live))
 
     def preferred(self, job: str) -> str | None:
         """The node that should lead ``job``; None when no membership names it."""
