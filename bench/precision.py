@@ -7,8 +7,10 @@ every 500 ms tick, every fifth 100 ms tick and every fiftieth 10 ms tick shares 
 with the 100). Lateness is ``time.time()`` at the body's first instruction minus the tick's
 ideal instant. The children of one phase run at the same time, on instants shifted by a
 different offset each, so that all schedulers share the machine's conditions without waking
-together. Each child also reports its process's CPU time over the window, which gives the CPU
-cost of the library's ``precision=`` setting.
+together. The variants that busy-wait before each instant (``SPINNING``) have phases of their
+own: on a 2-CPU machine their spinning would take the CPU from the others' wake-ups, and the
+others' wake-ups would preempt their spins. Each child also reports its process's CPU time
+over the window, which gives the CPU cost of the library's ``precision=`` setting.
 
 Schedulers: fastapi-singletonjob (``fixed_rate``, ``memory://``), the same with
 ``precision=0.002`` (wake 2 ms early and yield to the loop until the instant), APScheduler 3
@@ -60,11 +62,14 @@ SCHEDULERS = (
     "asyncio_floor",
     "asyncio_spin",
 )
+SPINNING = ("singletonjob_precise", "asyncio_spin")
+"""The variants that yield-spin before each instant: measured in phases of their own."""
 REDIS_SCHEDULERS = ("singletonjob_redis", "singletonjob_redis_nocheckpoint")
 """The library on Redis, checkpoint on and off (run by ``bench/checkpoints.py``)."""
 PRECISION_S = 0.002
 """The library's ``precision=`` in the ``singletonjob_precise`` rows."""
-SPIN_S = 0.0015
+SPIN_S = PRECISION_S
+"""The reference yield-spin loop's early wake: the library's, for a like-for-like row."""
 BODY_FRACTION = 0.2
 BACKGROUND_JOBS = 100
 BACKGROUND_PERIOD_S = 0.5
@@ -500,8 +505,12 @@ def run(quick: bool, workdir: Path) -> Json:
     schedulers = [s for s in SCHEDULERS if s != "apscheduler" or optional("apscheduler")]
     fast_s, slow_s = (4, 4) if quick else (50, 120)
     started = time.monotonic()
-    results = _phase((0.01,), fast_s, schedulers, workdir)
-    results += _phase((0.1, 0.5), slow_s, schedulers, workdir)
+    plain = [s for s in schedulers if s not in SPINNING]
+    spinning = [s for s in schedulers if s in SPINNING]
+    results = []
+    for periods, window_s in (((0.01,), fast_s), ((0.1, 0.5), slow_s)):
+        for group in (plain, spinning):
+            results += _phase(periods, window_s, group, workdir)
     return {
         "settings": {
             "body_fraction": BODY_FRACTION,
@@ -512,7 +521,8 @@ def run(quick: bool, workdir: Path) -> Json:
             "window_s": {"10": fast_s, "100": slow_s, "500": slow_s},
             "store": "memory://",
             "drift_points": DRIFT_POINTS,
-            "concurrent_children": {"10": 2 * len(schedulers), "100+500": 4 * len(schedulers)},
+            "concurrent_children": {"10": 2 * len(plain), "100+500": 4 * len(plain)},
+            "concurrent_spinning": {"10": 2 * len(spinning), "100+500": 4 * len(spinning)},
         },
         "schedulers": schedulers,
         "results": results,

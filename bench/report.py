@@ -508,6 +508,20 @@ def _shares(period_ms: int, background_period_s: float) -> str:
     return "every tick" if every <= 1 else f"one tick in {every}"
 
 
+def _spinning_phases(s: Json) -> str:
+    """How the variants that busy-wait were run (in phases of their own since 2026-12-01)."""
+    spinning = s.get("concurrent_spinning")
+    if not spinning:
+        return ""
+    return (
+        " The two variants that yield-spin before each instant (the library with `precision` "
+        "and the yield-spin loop) ran in phases of their own, after the others' and with the "
+        f"same windows ({num(spinning['10'])} and {num(spinning['100+500'])} processes): on "
+        "this 2-CPU machine their spinning would take the CPU from the others' wake-ups, and "
+        "the others' wake-ups would preempt their spins."
+    )
+
+
 def precision_section(results: Json, images: dict[str, str]) -> list[str]:
     lines = ["## 1. Tick precision", ""]
     data = family(results, "precision")
@@ -539,11 +553,13 @@ def precision_section(results: Json, images: dict[str, str]) -> list[str]:
         f"{s['window_s']['10']} s, {num(s['concurrent_children']['10'])} processes; 100 and "
         f"500 ms: window {s['window_s']['100']} s, "
         f"{num(s['concurrent_children']['100+500'])} processes), each on instants shifted by its "
-        f"own offset so that they never wake together. Store: `{s['store']}`.",
+        f"own offset so that they never wake together. Store: `{s['store']}`."
+        + _spinning_phases(s),
         "",
         f"Variants: the library as configured by default, and with `precision={precision_s:g}` "
-        f"(its timer wakes {num(precision_s * 1000, 0)} ms before each instant and yields to "
-        "the event loop until the instant comes). Peers: APScheduler 3 (`AsyncIOScheduler`, "
+        f"(its timer wakes {num(precision_s * 1000, 0)} ms before each instant, starts the run "
+        "then, held before the job's code, and yields to the event loop until the instant "
+        "comes). Peers: APScheduler 3 (`AsyncIOScheduler`, "
         "interval trigger, `max_instances=1`), fastapi-utils `repeat_every` (`await func(); "
         "await asyncio.sleep(seconds)`), and two reference loops that are not schedulers: the "
         "*asyncio floor*, a bare task that sleeps until each grid instant (the best any asyncio "

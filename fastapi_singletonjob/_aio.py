@@ -90,12 +90,15 @@ class Pacer:
 
     On the system clock the step runs straight from the event loop's timer callback, with no
     task to wake in between, so a run the step starts begins one loop iteration after its
-    instant, as the body of a bare ``asyncio.sleep`` loop does. On any other clock (a test's
-    ``FakeClock``) a loop sleeps on that clock.
+    instant, as the body of a bare ``asyncio.sleep`` loop does; a delay of at most
+    ``spin_s`` is waited by yielding to the other ready tasks, step after step, not by the
+    loop's timer (which wakes up to a millisecond or two late). On any other clock (a test's
+    ``FakeClock``) a loop sleeps on that clock, each delay exactly.
     """
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, spin_s: float = 0.0) -> None:
         self._clock = clock
+        self._spin_s = spin_s
         self._alarm = Alarm(clock)
         self._handle: asyncio.Handle | None = None
         self._stepping = False
@@ -120,7 +123,10 @@ class Pacer:
                 return
             finally:
                 self._stepping = False
-            self._handle = loop.call_soon(call) if delay <= 0 else loop.call_later(delay, call)
+            if delay <= self._spin_s:
+                self._handle = loop.call_soon(call)
+            else:
+                self._handle = loop.call_later(delay, call)
 
         self._call = call
         self._handle = loop.call_soon(call)

@@ -15,10 +15,10 @@ import logging
 import random
 import secrets
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from ._aio import Alarm, listen_for_releases, within
+from ._checkpoint import to_unix_us
 from ._clock import Clock
 from ._lease import OWNER_SEPARATOR, Lease
 from ._placement import Spreader
@@ -27,9 +27,6 @@ from ._telemetry import Telemetry
 from ._terms import Terms
 from ._timing import WATCH_STEP_S, call_timeout_s, next_attempt_delay, soonest_end_s
 from ._watch import Watch
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_ONE_US = timedelta(microseconds=1)
 
 __all__ = ["Elector"]
 
@@ -372,7 +369,7 @@ class Elector:
                     self.terms.end(lease, None)
                 values[lease.job] = lease.value
                 if lease.last_started is not None:
-                    last_us[lease.job] = (lease.last_started - _EPOCH) // _ONE_US
+                    last_us[lease.job] = to_unix_us(lease.last_started)
         if not values:
             return 0
         sent_at = self._clock.monotonic()

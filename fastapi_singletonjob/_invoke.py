@@ -1,6 +1,7 @@
 """Calling a job's function for one run: on the event loop or in a worker thread, with its
 parameters resolved, under its timeout and its ``on_leadership_lost`` policy; what came of it.
-``_run.py`` decides whether a run starts and records how it ended."""
+``_run.py`` decides whether a run starts and records how it ended; this warns of runs that
+take most of their period or of the lock expiry."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ._aio import call_in_thread
 from ._clock import Clock
 from ._context import JobContext
 from ._job import JobSpec
+from ._schedule import Policy
 from ._state import Outcome
 
 __all__ = ["Invoker", "NotStarted", "summary"]
@@ -27,7 +29,7 @@ logger = logging.getLogger("fastapi_singletonjob.runner")
 class Invoker:
     """Calls one job's function."""
 
-    __slots__ = ("_app", "_clock", "_executor", "_is_async", "_unwatched", "spec")
+    __slots__ = ("_app", "_clock", "_executor", "_is_async", "_unwatched", "_warned", "spec")
 
     def __init__(
         self, spec: JobSpec, *, clock: Clock, executor: Executor | None, app: object
@@ -38,6 +40,8 @@ class Invoker:
         self._app = app
         self._is_async = spec.is_async
         self._unwatched = spec.timeout_s is None and spec.on_leadership_lost == "finish"
+        self._warned: tuple[str, ...] = ()
+        """Which long-run warnings were given (once per job and kind)."""
 
     async def run(self, ctx: JobContext) -> tuple[Outcome, BaseException | None]:
         """Run the job once; how it ended. Raises ``NotStarted`` when the lease ran out
@@ -92,6 +96,36 @@ class Invoker:
                 run.cancel()
                 with contextlib.suppress(BaseException):
                     await run
+
+    def warn_if_long(self, duration_s: float, policy: Policy, lock_expiry_s: float) -> None:
+        """Warn of a run that took most of its period or of the lock expiry; once per job
+        and kind, as a warning per tick would flood the log of a slow job."""
+        period_s = policy.period_s
+        if period_s is not None and duration_s >= 0.8 * period_s and "period" not in self._warned:
+            self._warned += ("period",)
+            fix = (
+                "ticks that come meanwhile are dropped; lengthen `every` or shorten the run"
+                if not policy.after_run
+                else "the job runs less often than `every` suggests; shorten the run"
+            )
+            logger.warning(
+                "job %r: a run took %.3fs, %d%% of its period every=%gs: %s",
+                self.spec.name,
+                duration_s,
+                round(100 * duration_s / period_s),
+                period_s,
+                fix,
+            )
+        if duration_s >= 0.8 * lock_expiry_s and "expiry" not in self._warned:
+            self._warned += ("expiry",)
+            logger.warning(
+                "job %r: a run took %.3fs, close to or past lock_expiry=%gs; if renewals fail "
+                "during such a run, another node may start the job before it ends: raise "
+                "lock_expiry, or use on_leadership_lost='cancel' and the fencing token",
+                self.spec.name,
+                duration_s,
+                lock_expiry_s,
+            )
 
     def _log_stop(self, ctx: JobContext, cause: Outcome) -> None:
         if cause is Outcome.TIMEOUT:

@@ -66,10 +66,11 @@ class SingletonJobs(Operations):
     :param max_backoff: cap of the retry delay while the store is unreachable (30 s).
     :param shutdown_timeout: how long shutdown lets runs in flight finish before cancelling
         them (10 s).
-    :param precision: opt-in tick precision: the timer wakes this long before each instant
-        and yields to the event loop until it comes, so runs start within a fraction of a
-        millisecond of their instant instead of the ~1-2 ms of asyncio's timer; costs CPU
-        while it waits (0 = off, the default; 0.002 is a good value; at most 0.05).
+    :param precision: opt-in tick precision: the timer wakes this long before each instant,
+        starts the run then (held before the job's code) and yields to the event loop until
+        the instant comes, so runs start within a fraction of a millisecond of their instant
+        instead of the ~1-2 ms of asyncio's timer; costs CPU while it waits (0 = off, the
+        default; 0.002 is a good value; at most 0.05).
     :param checkpoint_retention: how long a job's checkpoint outlives the last node that led
         it (30 days); a live job's record never expires.
     :param placement: ``"spread"`` (default): leadership of the jobs spreads over the live

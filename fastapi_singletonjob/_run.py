@@ -16,8 +16,9 @@ import logging
 import random
 from collections.abc import Callable
 from concurrent.futures import Executor
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
+from ._checkpoint import to_unix_us
 from ._clock import Clock
 from ._context import JobContext
 from ._election import Elector
@@ -35,8 +36,6 @@ __all__ = ["JobRunner"]
 logger = logging.getLogger("fastapi_singletonjob.runner")
 
 _CLAIM_RETRY_S = 0.05
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_ONE_US = timedelta(microseconds=1)
 
 
 class JobRunner:
@@ -53,7 +52,6 @@ class JobRunner:
         "resume_in_s",
         "progress",
         "_telemetry",
-        "_warned",
         "crashed",
         "current",
         "lease",
@@ -83,8 +81,6 @@ class JobRunner:
         self.clock = clock
         self._invoker = Invoker(spec, clock=clock, executor=executor, app=app)
         self._telemetry = telemetry or Telemetry(elector.node_id)
-        self._warned: tuple[str, ...] = ()
-        """Which long-run warnings were given (once per job and kind)."""
         self.policy = policy_of(spec.schedule)
         self._task_name = f"singletonjob run {spec.name!r}"
         self._claimed_term: int | None = None
@@ -124,8 +120,22 @@ class JobRunner:
 
     # -- running --------------------------------------------------------------------------
 
-    def start(self, scheduled_at: datetime) -> asyncio.Task[None] | None:
-        """Start a run for the instant ``scheduled_at`` if this node leads and is idle."""
+    def can_start(self) -> bool:
+        """Whether ``start`` would start a run now: this node leads the job, which is idle."""
+        token = self.lease.token
+        return (
+            not self.closed
+            and self.current is None
+            and token is not None
+            and self._elector.is_leader(self.spec.name, token)
+        )
+
+    def start(
+        self, scheduled_at: datetime, gate: asyncio.Future[bool] | None = None
+    ) -> asyncio.Task[None] | None:
+        """Start a run for the instant ``scheduled_at`` if this node leads and is idle. With
+        a ``gate`` (opt-in precision: ``scheduled_at`` is still to come) the run does what
+        comes before the job's code now, and the job's code waits for the gate to open."""
         if self.closed:
             return None
         token = self.lease.token
@@ -139,9 +149,11 @@ class JobRunner:
         claim = self.policy.claims_every_instant or (
             not self.policy.after_run and self._claimed_term != token
         )
-        self.stats.running_since = started_at = self.clock.now()
+        started_at = self.clock.now()
+        if gate is None:
+            self.stats.running_since = started_at
         self.current = run = asyncio.create_task(
-            self._supervise(token, scheduled_at, started_at, claim), name=self._task_name
+            self._supervise(token, scheduled_at, started_at, claim, gate), name=self._task_name
         )
         # After the task: its first step (up to the job's first await) then comes before the
         # deadline watchdog that this wakes.
@@ -211,7 +223,7 @@ class JobRunner:
         A store error is retried, with jitter, while the lease holds and the instant is within
         its grace."""
         job, node = self.spec.name, self.node
-        instant_us = (scheduled_at - _EPOCH) // _ONE_US
+        instant_us = to_unix_us(scheduled_at)
         delay_s = _CLAIM_RETRY_S
         while True:
             result = await self._elector.claim(job, token, instant_us)
@@ -252,22 +264,38 @@ class JobRunner:
             delay_s = min(2 * delay_s, 1.0)
 
     async def _supervise(
-        self, token: int, scheduled_at: datetime, started_at: datetime, claim: bool
+        self,
+        token: int,
+        scheduled_at: datetime,
+        started_at: datetime,
+        claim: bool,
+        gate: asyncio.Future[bool] | None,
     ) -> None:
         try:
-            await self.attempt(token, scheduled_at, started_at, claim)
+            await self.attempt(token, scheduled_at, started_at, claim, gate)
         finally:
             self.ended()
 
     async def attempt(
-        self, token: int, scheduled_at: datetime, started_at: datetime, claim: bool
+        self,
+        token: int,
+        scheduled_at: datetime,
+        started_at: datetime,
+        claim: bool,
+        gate: asyncio.Future[bool] | None = None,
     ) -> None:
-        """Claim the instant if asked, read the checkpoint at a term's first run, run."""
-        self.stats.running_since = started_at
+        """Claim the instant if asked, read the checkpoint at a term's first run, run; with
+        a ``gate``, wait for it after the claim (it opens False at shutdown: no run)."""
         first_of_term = self.progress is not None and not self.progress.loaded_for(token)
         begun: JobContext | DropReason | None = None
+        if gate is None:
+            self.stats.running_since = started_at
         if claim:
             begun = await self._claim(token, scheduled_at)
+        if gate is not None:
+            if not await gate:
+                return
+            started_at = self.stats.running_since = self.clock.now()
         if begun is None:
             if not self.policy.after_run:
                 self._elector.terms.instant_started(self.spec.name, scheduled_at)
@@ -345,7 +373,7 @@ class JobRunner:
         self.stats.record(
             RunRecord(ctx.scheduled_at, ctx.started_at, finished_at, duration_s, outcome, text)
         )
-        self._warn_if_long(duration_s)
+        self._invoker.warn_if_long(duration_s, self.policy, self.lease.ttl_s)
         logger.debug(
             "job %r run #%d on node %s: %s in %.3fs",
             ctx.job,
@@ -354,32 +382,3 @@ class JobRunner:
             outcome.value,
             duration_s,
         )
-
-    def _warn_if_long(self, duration_s: float) -> None:
-        # Once per job and kind: a warning per tick would flood the log of a slow job.
-        period_s = self.policy.period_s
-        if period_s is not None and duration_s >= 0.8 * period_s and "period" not in self._warned:
-            self._warned += ("period",)
-            fix = (
-                "ticks that come meanwhile are dropped; lengthen `every` or shorten the run"
-                if not self.policy.after_run
-                else "the job runs less often than `every` suggests; shorten the run"
-            )
-            logger.warning(
-                "job %r: a run took %.3fs, %d%% of its period every=%gs: %s",
-                self.spec.name,
-                duration_s,
-                round(100 * duration_s / period_s),
-                period_s,
-                fix,
-            )
-        if duration_s >= 0.8 * self.lease.ttl_s and "expiry" not in self._warned:
-            self._warned += ("expiry",)
-            logger.warning(
-                "job %r: a run took %.3fs, close to or past lock_expiry=%gs; if renewals fail "
-                "during such a run, another node may start the job before it ends: raise "
-                "lock_expiry, or use on_leadership_lost='cancel' and the fencing token",
-                self.spec.name,
-                duration_s,
-                self.lease.ttl_s,
-            )

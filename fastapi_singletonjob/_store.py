@@ -12,10 +12,15 @@ import asyncio
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
-from ._checkpoint import DEFAULT_CHECKPOINT_TIMEOUT_S, Checkpoint, FinishedRun, StateSave
+from ._checkpoint import (
+    DEFAULT_CHECKPOINT_TIMEOUT_S,
+    Checkpoint,
+    FinishedRun,
+    StateSave,
+    to_unix_us,
+)
 from ._checkpoint_store import MemoryCheckpoints
 from ._clock import Clock
 from ._control_store import MemoryControls
@@ -54,8 +59,6 @@ runs further ahead must not record an instant that the other nodes reach only mu
 DEFAULT_KEEPALIVE_S = 5.0
 """Silence after which the release listener checks its connection (callers pass the heartbeat)."""
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_ONE_US = timedelta(microseconds=1)
 
 ReleaseListener = Callable[[frozenset[str] | None], None]
 """What a release listener calls: with the names of the jobs whose locks a node released
@@ -137,11 +140,6 @@ class LeaseReply:
         if token is None and holder is not None:
             return shown_lock_value(holder)
         return holder
-
-
-def _unix_us(moment: datetime) -> int:
-    """Whole microseconds since the Unix epoch of an aware ``moment``, exactly."""
-    return (moment - _EPOCH) // _ONE_US
 
 
 class LeaseStore(Protocol):
@@ -325,7 +323,7 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
     ) -> int:
         """See ``LeaseStore.release``."""
         released = 0
-        now_us = _unix_us(self._clock.now())
+        now_us = to_unix_us(self._clock.now())
         for job, value in values.items():
             key = self._key(job)
             current = self._data.locks.get(key)
@@ -363,7 +361,7 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
             return 1  # this very term's claim, retried after its reply was lost
         if instant_us <= last:
             return 0
-        if instant_us > _unix_us(self._clock.now()) + max_ahead_us:
+        if instant_us > to_unix_us(self._clock.now()) + max_ahead_us:
             return -2
         self._data.claimed[key] = (instant_us, token or 0)
         return 1

@@ -8,10 +8,17 @@ checked against the wall clock when it comes, re-armed at least every ``MAX_SLEE
 a wall-clock step is noticed within that. A node that wakes after later instants were already
 due runs none of them and waits for the next (no burst after a stall); a tick that comes while
 a run is going is dropped, never queued.
+
+With ``precision`` (opt-in) the timer wakes that long before each instant and starts the run
+then, held at a *gate*: what a run does before the job's code (its task, the claim, the
+checkpoint read, the context) is done ahead, and the timer yields to the event loop until the
+instant comes, then opens the gate. A job that is busy (or paused, not led, an interval job)
+when its instant comes within reach is fired when the instant comes, as without the setting.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import logging
@@ -82,7 +89,10 @@ class Ticker:
         """The monotonic time of each wall-clock instant armed, so that every job of an
         instant has the very same one and starts in rank order."""
         self._order = itertools.count()
-        self._pacer = Pacer(clock)
+        self._pacer = Pacer(clock, spin_s=precision_s)
+        self._coming: list[tuple[float, int, _Slot, asyncio.Future[bool] | None]] = []
+        """Opt-in precision: the instants within ``precision_s``, in order, each with the
+        gate of the run started ahead of it (None: fired when it comes)."""
         self._fired: list[tuple[_Slot, datetime | None]] = []
         """Slots fired since the last yield, to arm once their runs have begun."""
         now = clock.now()
@@ -161,25 +171,63 @@ class Ticker:
         # schedule math of their next instants. A burst of a thousand jobs on one instant
         # never holds a thousand tasks at once, nor holds up the loop's other work.
         self._arm_next()
+        if self._coming:
+            self._come(self._clock.monotonic())
         for _ in range(_BATCH):
             if self._heap:
                 due_at, _, _, armed, slot = self._heap[0]
                 left = due_at - self._clock.monotonic()
             else:
                 left = MAX_SLEEP_S
-            if left > 0:
+            # Opt-in precision: asyncio's timers wake up to a millisecond or two late (epoll
+            # rounds its timeout up to whole ms), so wake early, start the run ahead, and wait
+            # for the instant by yielding to the other tasks (the pacer's spin).
+            if left > self._precision_s:
                 if self._fired:
                     return 0.0
-                # Opt-in precision: asyncio's timers wake up to a millisecond or two late
-                # (epoll rounds its timeout up to whole ms), so wake early and yield to the
-                # other tasks until the instant comes.
-                return max(left - self._precision_s, 0.0)
+                wait = left - self._precision_s
+                if self._coming:  # spin (the pacer yields for waits up to precision_s)
+                    wait = min(wait, self._coming[0][0] - self._clock.monotonic())
+                return wait
             heapq.heappop(self._heap)
-            if armed == slot.armed:
-                if slot.due is not None:
-                    self._instants.pop(slot.due, None)
+            if armed != slot.armed:
+                continue
+            if slot.due is not None:
+                self._instants.pop(slot.due, None)
+            if left > 0:
+                self._ahead(slot, due_at, armed)
+            else:
                 self._fire(slot)
         return 0.0
+
+    def _ahead(self, slot: _Slot, due_at: float, armed: int) -> None:
+        """Opt-in precision: ``slot``'s instant comes within ``precision_s``. Start its run
+        now, held at a gate until the instant, if it can start now; else fire it then."""
+        runner, due = slot.runner, slot.due
+        gate: asyncio.Future[bool] | None = None
+        if (
+            due is not None
+            and not runner.policy.after_run
+            and not runner.lease.paused
+            and runner.can_start()
+            # not a check of the wall clock on the way (MAX_SLEEP_S), nor a clock step
+            and (due - self._clock.now()).total_seconds() <= self._precision_s
+        ):
+            gate = asyncio.get_running_loop().create_future()
+            runner.start(due, gate)
+            slot.previous, slot.missed = due, None
+            self._fired.append((slot, slot.following))
+        self._coming.append((due_at, armed, slot, gate))
+
+    def _come(self, now: float) -> None:
+        """Open the gates of the instants that came; fire the other instants that came."""
+        while self._coming and self._coming[0][0] <= now:
+            _, armed, slot, gate = self._coming.pop(0)
+            if gate is not None:
+                if not gate.done():  # (cancelled with its run's task)
+                    gate.set_result(True)
+            elif armed == slot.armed:
+                self._fire(slot)
 
     def _arm_next(self) -> None:
         """Arm the next instant of each job whose run ``_fire`` just started."""
@@ -306,6 +354,10 @@ class Ticker:
         """Forget every pending instant (shutdown): nothing starts after this."""
         self._heap.clear()
         self._fired.clear()
+        for _, _, _, gate in self._coming:
+            if gate is not None and not gate.done():
+                gate.set_result(False)  # the run held there ends without running
+        self._coming.clear()
         for slot in self._slots.values():
             slot.armed += 1
             slot.waiting = False

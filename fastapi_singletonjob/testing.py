@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 from datetime import datetime, timedelta, timezone
 
 __all__ = ["FakeClock"]
@@ -53,7 +54,10 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self._monotonic + seconds, next(self._order), future))
+        # Strictly later, even for a sleep below the float's resolution at this time: else a
+        # caller that sleeps what is left to an instant could wait forever without time moving.
+        when = max(self._monotonic + seconds, math.nextafter(self._monotonic, math.inf))
+        heapq.heappush(self._sleepers, (when, next(self._order), future))
         await future
 
     def jump_wall(self, seconds: float) -> None:

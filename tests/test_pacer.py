@@ -102,3 +102,31 @@ async def test_steps_run_from_the_loops_timer_with_no_task_to_wake_in_between() 
     driving.cancel()
     assert seen["task"] is None
     assert seen["run"] == seen["step"] + 1  # type: ignore[operator]
+
+
+async def test_a_delay_within_spin_s_is_waited_by_yielding_and_a_longer_one_by_the_timer() -> None:
+    """``precision``'s busy wait: a step asking for at most ``spin_s`` comes again in the
+    very next loop iteration (no epoll timeout, which wakes up to a millisecond late), a
+    step asking for more waits on the loop's timer."""
+    loop = asyncio.get_running_loop()
+    iterations = 0
+
+    def count() -> None:
+        nonlocal iterations
+        iterations += 1
+        loop.call_soon(count)
+
+    pacer = Pacer(SYSTEM_CLOCK, spin_s=LONG_S)
+    at: list[int] = []
+
+    def step() -> float:
+        at.append(iterations)
+        return LONG_S if len(at) < 5 else 2 * LONG_S
+
+    loop.call_soon(count)
+    driving = asyncio.create_task(pacer.drive(step))
+    await wait_until(lambda: len(at) == 5, 5, "five steps")
+    for _ in range(20):
+        await asyncio.sleep(0)
+    driving.cancel()
+    assert at == list(range(at[0], at[0] + 5)), "one step per loop iteration"

@@ -1,0 +1,127 @@
+"""Opt-in precision (``precision=``): the timer wakes that long before an instant, starts the
+run then, held before the job's code, and opens it when the instant comes. On the fake clock
+and the memory store."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+
+from fake_nodes import stop
+from test_runner import Factory, clock, engine, make
+
+from fastapi_singletonjob import DropReason, JobContext
+from fastapi_singletonjob.testing import FakeClock
+
+__all__ = ["clock", "make"]  # fixtures
+
+PRECISION_S = 0.005
+
+
+def apart(a: datetime, b: datetime) -> float:
+    """Seconds from ``b`` to ``a``."""
+    return (a - b).total_seconds()
+
+
+def slow_claims(jobs_engine: object, clock: FakeClock, delay_s: float) -> list[datetime]:
+    """Make the store take ``delay_s`` to answer each claim; return when each was asked."""
+    store = jobs_engine.store  # type: ignore[attr-defined]
+    claim: Callable[..., Awaitable[int]] = store.claim
+    asked: list[datetime] = []
+
+    async def slow(*args: object, **kwargs: object) -> int:
+        asked.append(clock.now())
+        await clock.sleep(delay_s)
+        return await claim(*args, **kwargs)
+
+    store.claim = slow
+    return asked
+
+
+async def test_the_claim_is_made_ahead_and_the_code_starts_on_the_instant(
+    make: Factory, clock: FakeClock
+) -> None:
+    """A cron job claims each instant in the store before running it: with ``precision``,
+    that round trip (3 ms here) is made before the instant, not between it and the code."""
+    jobs = make(precision=PRECISION_S)
+    runs: list[tuple[JobContext, datetime]] = []
+
+    @jobs.cron("minutely", "* * * * *")
+    async def minutely(ctx: JobContext) -> None:
+        runs.append((ctx, clock.now()))
+
+    await jobs.start()
+    asked = slow_claims(engine(jobs), clock, 0.003)
+    await clock.advance(330.0)  # five instants, the next one's claim not yet asked
+    assert len(runs) == 5
+    assert len(asked) == len(runs)
+    for (ctx, began), claimed in zip(runs, asked, strict=True):
+        assert abs(apart(began, ctx.scheduled_at)) <= 1e-6, "the code starts on the instant"
+        assert abs(apart(ctx.started_at, ctx.scheduled_at)) <= 1e-6
+        assert 0.003 < apart(ctx.scheduled_at, claimed) <= PRECISION_S, "claimed ahead"
+    assert engine(jobs).runners["minutely"].stats.dropped.total() == 0
+
+
+async def test_a_run_that_ends_after_the_wake_lets_the_next_instant_run(
+    make: Factory, clock: FakeClock
+) -> None:
+    """A run still going when the timer wakes for the next instant is no reason to drop that
+    instant: it fires when it comes, as without the setting, and the run has ended by then."""
+    jobs = make(precision=PRECISION_S)
+    runs: list[tuple[datetime, datetime]] = []
+
+    @jobs.fixed_rate("busy", every=1.0)
+    async def busy(ctx: JobContext) -> None:
+        runs.append((ctx.scheduled_at, clock.now()))
+        await clock.sleep(1.0 - PRECISION_S / 2)  # ends inside the next instant's wake
+
+    await jobs.start()
+    await clock.advance(20.5)
+    assert len(runs) >= 19
+    for instant, began in runs:
+        assert abs(apart(began, instant)) <= 1e-6
+    assert engine(jobs).runners["busy"].stats.dropped[DropReason.OVERLAP] == 0
+
+
+async def test_a_run_held_at_its_gate_never_starts_once_shutdown_began(
+    make: Factory, clock: FakeClock
+) -> None:
+    jobs = make(precision=0.05)
+    runs: list[datetime] = []
+
+    @jobs.fixed_rate("tick", every=1.0)
+    async def tick(ctx: JobContext) -> None:
+        runs.append(ctx.scheduled_at)
+
+    await jobs.start()
+    await clock.advance(1.0)
+    assert len(runs) == 1
+    await clock.advance(0.97)  # the next instant is 30 ms away: its run is held
+    runner = engine(jobs).runners["tick"]
+    held = runner.current
+    assert held is not None
+    assert runner.stats.running_since is None, "held, not running"
+    await stop(jobs, clock)
+    assert len(runs) == 1
+    assert held.done()
+    assert runner.stats.dropped.total() == 0
+
+
+async def test_a_node_that_does_not_lead_holds_no_run(make: Factory, clock: FakeClock) -> None:
+    """Only the leader starts a run ahead; the follower counts each instant as not led, once,
+    when it comes."""
+    leader, follower = make("a", precision=PRECISION_S), make("b", precision=PRECISION_S)
+    runs: list[str] = []
+    for jobs in (leader, follower):
+
+        @jobs.fixed_rate("tick", every=1.0)
+        async def tick(ctx: JobContext) -> None:
+            runs.append(ctx.node_id)
+
+        await jobs.start()
+        await clock.advance(0.1)
+    await clock.advance(10.0)
+    assert set(runs) == {"a"}
+    assert len(runs) >= 9
+    not_led = engine(follower).runners["tick"].stats.not_leader
+    assert len(runs) - 1 <= not_led <= len(runs) + 1
