@@ -186,11 +186,13 @@ def precision_goals(data: Json) -> list[tuple[str, str, str, bool | None]]:
     precision_s = data["settings"].get("precision_s", 0.002)
     for period in PRECISE_PERIODS_MS:
         precise = _p99(_precision_row(data, "singletonjob_precise", period, 0))
+        spin = _p99(_precision_row(data, "asyncio_spin", period, 0))
+        reference = "" if spin is None else f" (yield-spin loop, same wake: {num(spin, 2)} ms)"
         out.append(
             (
                 f"tick lateness p99 with `precision={precision_s:g}`, {period} ms ticks, alone",
                 f"< {num(PRECISE_P99_MS, 1)} ms",
-                f"{num(precise, 2)} ms",
+                f"{num(precise, 2)} ms{reference}",
                 below(precise, PRECISE_P99_MS),
             )
         )
@@ -509,11 +511,19 @@ def _shares(period_ms: int, background_period_s: float) -> str:
 
 
 def _spinning_phases(s: Json) -> str:
-    """How the variants that busy-wait were run (in phases of their own since 2026-12-01)."""
+    """How the variants that busy-wait were run, and which rows pool several processes."""
+    pooled = "".join(
+        f" The rows alone at {period} ms pool the runs of {num(n)} processes per scheduler, "
+        f"all in the same phase (so a p99 stands on as many runs as at 100 ms, not on the "
+        "third-latest of a few hundred); their drift is the first process's, their CPU the "
+        "processes' mean."
+        for period, n in s.get("pooled_processes", {}).items()
+        if n > 1
+    )
     spinning = s.get("concurrent_spinning")
     if not spinning:
-        return ""
-    return (
+        return pooled
+    return pooled + (
         " The two variants that yield-spin before each instant (the library with `precision` "
         "and the yield-spin loop) ran in phases of their own, after the others' and with the "
         f"same windows ({num(spinning['10'])} and {num(spinning['100+500'])} processes): on "
@@ -719,13 +729,28 @@ def _p50_p99(row: Json | None) -> str:
     return f"p50 {num(row['lateness_ms']['p50'], 2)} / p99 {num(row['lateness_ms']['p99'], 2)} ms"
 
 
+def _spin_reference(data: Json) -> str:
+    """What the reference yield-spin loop (the same early wake, no scheduler) shows."""
+    rows = [
+        (period, _precision_row(data, "asyncio_spin", period, 0))
+        for period in sorted({r["period_ms"] for r in data["results"]})
+    ]
+    figures = "; ".join(f"{_p50_p99(row)} at {period} ms" for period, row in rows if row)
+    if not figures:
+        return ""
+    return (
+        " The reference yield-spin loop, which wakes as early and whose body runs in the "
+        f"timer's own task (nothing of a scheduler), shows {figures}: where its p99 is above "
+        "0.3 ms, so is any asyncio code's on this machine in that run."
+    )
+
+
 def precision_limits(data: Json, cpu_vs_aps: str | None, cpus: int) -> list[str]:
     s = data["settings"]
     background = s["background_jobs"]
-    ours, floor, spin = (
+    ours, floor = (
         _precision_row(data, "singletonjob", 10, 0),
         _precision_row(data, "asyncio_floor", 10, 0),
-        _precision_row(data, "asyncio_spin", 10, 0),
     )
     lines = ["**What limits the p99 lateness.**", ""]
     if ours and floor:
@@ -746,25 +771,22 @@ def precision_limits(data: Json, cpu_vs_aps: str | None, cpus: int) -> list[str]
         own = precise100.get("library_lateness_ms")
         lines += [
             f"- *The opt-in fix and its price.* With `precision={precision_s:g}` the timer "
-            f"wakes {num(precision_s * 1000, 0)} ms before each instant and yields to the event "
-            "loop until it comes: at 100 ms ticks, alone, lateness goes from "
+            f"wakes {num(precision_s * 1000, 0)} ms before each instant, starts the run then "
+            "(held before the job's code) and yields to the event loop until the instant comes, "
+            "then lets the run go: at 100 ms ticks, alone, lateness goes from "
             f"{_p50_p99(plain100)} to {_p50_p99(precise100)}; at 10 ms from {_p50_p99(ours)} to "
             f"{_p50_p99(precise10)}, for {num(precise10['cpu_ms_per_s'], 1)} ms of CPU per second "
-            f"against {num(ours['cpu_ms_per_s'], 1)} ms/s (table above). What remains is the "
-            "task hand-off between the instant and the body"
+            f"against {num(ours['cpu_ms_per_s'], 1)} ms/s (table above). What remains is one "
+            "loop iteration and the run's last steps between the instant and the body"
             + (
-                f" (the library's own view with the setting, at 100 ms: p50 {num(own['p50'], 2)}"
-                f" / p99 {num(own['p99'], 2)} ms)"
+                f" (the library's own view with the setting, at 100 ms, when the run was let go: "
+                f"p50 {num(own['p50'], 2)} / p99 {num(own['p99'], 2)} ms)"
                 if own
                 else ""
             )
-            + " and the machine's scheduling noise."
-            + (
-                f" The reference yield-spin loop, whose body runs in the timer's own task, "
-                f"shows {_p50_p99(spin)} at 10 ms."
-                if spin
-                else ""
-            ),
+            + ", and the machine: a wake-up that comes more than "
+            f"{num(precision_s * 1000, 0)} ms late, or a preemption of the process at the "
+            "instant, makes any busy wait late." + _spin_reference(data),
         ]
     loaded = [
         (
