@@ -131,11 +131,12 @@ class JobRunner:
         )
 
     def start(
-        self, scheduled_at: datetime, gate: asyncio.Future[bool] | None = None
+        self, scheduled_at: datetime, gate: asyncio.Future[float] | None = None
     ) -> asyncio.Task[None] | None:
         """Start a run for the instant ``scheduled_at`` if this node leads and is idle. With
         a ``gate`` (opt-in precision: ``scheduled_at`` is still to come) the run does what
-        comes before the job's code now, and the job's code waits for the gate to open."""
+        comes before the job's code now, and the job's code waits for the gate to open (its
+        value: how long the run still waits on its own, at shutdown; else 0)."""
         if self.closed:
             return None
         token = self.lease.token
@@ -269,7 +270,7 @@ class JobRunner:
         scheduled_at: datetime,
         started_at: datetime,
         claim: bool,
-        gate: asyncio.Future[bool] | None,
+        gate: asyncio.Future[float] | None,
     ) -> None:
         try:
             await self.attempt(token, scheduled_at, started_at, claim, gate)
@@ -282,10 +283,10 @@ class JobRunner:
         scheduled_at: datetime,
         started_at: datetime,
         claim: bool,
-        gate: asyncio.Future[bool] | None = None,
+        gate: asyncio.Future[float] | None = None,
     ) -> None:
         """Claim the instant if asked, read the checkpoint at a term's first run, run; with
-        a ``gate``, wait for it after the claim (it opens False at shutdown: no run)."""
+        a ``gate``, wait for it (and then the time it says) after the claim."""
         first_of_term = self.progress is not None and not self.progress.loaded_for(token)
         begun: JobContext | DropReason | None = None
         if gate is None:
@@ -293,8 +294,9 @@ class JobRunner:
         if claim:
             begun = await self._claim(token, scheduled_at)
         if gate is not None:
-            if not await gate:
-                return
+            left_s = await gate
+            if left_s > 0:
+                await self.clock.sleep(left_s)
             started_at = self.stats.running_since = self.clock.now()
         if begun is None:
             if not self.policy.after_run:

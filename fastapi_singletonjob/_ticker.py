@@ -90,7 +90,7 @@ class Ticker:
         instant has the very same one and starts in rank order."""
         self._order = itertools.count()
         self._pacer = Pacer(clock, spin_s=precision_s)
-        self._coming: list[tuple[float, int, _Slot, asyncio.Future[bool] | None]] = []
+        self._coming: list[tuple[float, int, _Slot, asyncio.Future[float] | None]] = []
         """Opt-in precision: the instants within ``precision_s``, in order, each with the
         gate of the run started ahead of it (None: fired when it comes)."""
         self._fired: list[tuple[_Slot, datetime | None]] = []
@@ -204,7 +204,7 @@ class Ticker:
         """Opt-in precision: ``slot``'s instant comes within ``precision_s``. Start its run
         now, held at a gate until the instant, if it can start now; else fire it then."""
         runner, due = slot.runner, slot.due
-        gate: asyncio.Future[bool] | None = None
+        gate: asyncio.Future[float] | None = None
         if (
             due is not None
             and not runner.policy.after_run
@@ -225,7 +225,7 @@ class Ticker:
             _, armed, slot, gate = self._coming.pop(0)
             if gate is not None:
                 if not gate.done():  # (cancelled with its run's task)
-                    gate.set_result(True)
+                    gate.set_result(0.0)
             elif armed == slot.armed:
                 self._fire(slot)
 
@@ -354,9 +354,12 @@ class Ticker:
         """Forget every pending instant (shutdown): nothing starts after this."""
         self._heap.clear()
         self._fired.clear()
-        for _, _, _, gate in self._coming:
+        now = self._clock.monotonic()
+        for due_at, _, _, gate in self._coming:
             if gate is not None and not gate.done():
-                gate.set_result(False)  # the run held there ends without running
+                # A run held there may have claimed its instant: it waits for it on its own
+                # and runs, and shutdown drains it as any run in flight.
+                gate.set_result(max(due_at - now, 0.0))
         self._coming.clear()
         for slot in self._slots.values():
             slot.armed += 1

@@ -59,7 +59,7 @@ async def test_the_claim_is_made_ahead_and_the_code_starts_on_the_instant(
         assert abs(apart(began, ctx.scheduled_at)) <= 1e-6, "the code starts on the instant"
         assert abs(apart(ctx.started_at, ctx.scheduled_at)) <= 1e-6
         assert 0.003 < apart(ctx.scheduled_at, claimed) <= PRECISION_S, "claimed ahead"
-    assert engine(jobs).runners["minutely"].stats.dropped.total() == 0
+    assert engine(jobs).runners["minutely"].stats.dropped_total == 0
 
 
 async def test_a_run_that_ends_after_the_wake_lets_the_next_instant_run(
@@ -83,28 +83,33 @@ async def test_a_run_that_ends_after_the_wake_lets_the_next_instant_run(
     assert engine(jobs).runners["busy"].stats.dropped[DropReason.OVERLAP] == 0
 
 
-async def test_a_run_held_at_its_gate_never_starts_once_shutdown_began(
+async def test_a_run_held_when_shutdown_begins_runs_on_its_instant_and_is_drained(
     make: Factory, clock: FakeClock
 ) -> None:
+    """The held run of a cron job has claimed its instant in the store, so no other node
+    will run it: shutdown lets it run on its instant, and waits for it as for any run in
+    flight, before releasing the lock."""
     jobs = make(precision=0.05)
-    runs: list[datetime] = []
+    runs: list[tuple[JobContext, datetime]] = []
 
-    @jobs.fixed_rate("tick", every=1.0)
-    async def tick(ctx: JobContext) -> None:
-        runs.append(ctx.scheduled_at)
+    @jobs.cron("minutely", "* * * * *")
+    async def minutely(ctx: JobContext) -> None:
+        runs.append((ctx, clock.now()))
+        await clock.sleep(0.5)
 
     await jobs.start()
-    await clock.advance(1.0)
-    assert len(runs) == 1
-    await clock.advance(0.97)  # the next instant is 30 ms away: its run is held
-    runner = engine(jobs).runners["tick"]
-    held = runner.current
-    assert held is not None
+    asked = slow_claims(engine(jobs), clock, 0.001)
+    await clock.advance(59.97)  # the instant is 30 ms away: its run is held, its claim made
+    runner = engine(jobs).runners["minutely"]
+    assert runner.current is not None
     assert runner.stats.running_since is None, "held, not running"
+    assert len(asked) == 1
     await stop(jobs, clock)
     assert len(runs) == 1
-    assert held.done()
-    assert runner.stats.dropped.total() == 0
+    ctx, began = runs[0]
+    assert abs(apart(began, ctx.scheduled_at)) <= 1e-6
+    assert runner.stats.last_run is not None
+    assert runner.stats.dropped_total == 0
 
 
 async def test_a_node_that_does_not_lead_holds_no_run(make: Factory, clock: FakeClock) -> None:
