@@ -5,6 +5,7 @@ and a run started by a step begins in the very next loop iteration."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from waiting import wait_until
@@ -14,6 +15,20 @@ from fastapi_singletonjob._clock import SYSTEM_CLOCK
 from fastapi_singletonjob.testing import FakeClock
 
 LONG_S = 30.0
+
+
+def count_iterations() -> Callable[[], int]:
+    """The number of event loop iterations from now on (a callback that calls itself soon)."""
+    loop = asyncio.get_running_loop()
+    count = 0
+
+    def tick() -> None:
+        nonlocal count
+        count += 1
+        loop.call_soon(tick)
+
+    loop.call_soon(tick)
+    return lambda: count
 
 
 async def test_a_ring_cuts_a_long_delay_short_and_a_ring_inside_a_step_adds_no_step() -> None:
@@ -75,28 +90,21 @@ async def test_steps_run_from_the_loops_timer_with_no_task_to_wake_in_between() 
     """A run that a step starts begins one loop iteration after the timer fires, as the body
     of a bare ``asyncio.sleep`` loop does (the floor of the precision bench)."""
     loop = asyncio.get_running_loop()
-    iterations = 0
-
-    def count() -> None:
-        nonlocal iterations
-        iterations += 1
-        loop.call_soon(count)
-
+    iterations = count_iterations()
     pacer = Pacer(SYSTEM_CLOCK)
     seen: dict[str, object] = {}
 
     async def run() -> None:
-        seen["run"] = iterations
+        seen["run"] = iterations()
 
     def step() -> float:
         if "step" in seen:
             return LONG_S
-        seen["step"] = iterations
+        seen["step"] = iterations()
         seen["task"] = asyncio.current_task()
         loop.create_task(run())
         return LONG_S
 
-    loop.call_soon(count)
     driving = asyncio.create_task(pacer.drive(step))
     await wait_until(lambda: "run" in seen, 5, "the run to begin")
     driving.cancel()
@@ -108,22 +116,14 @@ async def test_a_delay_within_spin_s_is_waited_by_yielding_and_a_longer_one_by_t
     """``precision``'s busy wait: a step asking for at most ``spin_s`` comes again in the
     very next loop iteration (no epoll timeout, which wakes up to a millisecond late), a
     step asking for more waits on the loop's timer."""
-    loop = asyncio.get_running_loop()
-    iterations = 0
-
-    def count() -> None:
-        nonlocal iterations
-        iterations += 1
-        loop.call_soon(count)
-
+    iterations = count_iterations()
     pacer = Pacer(SYSTEM_CLOCK, spin_s=LONG_S)
     at: list[int] = []
 
     def step() -> float:
-        at.append(iterations)
+        at.append(iterations())
         return LONG_S if len(at) < 5 else 2 * LONG_S
 
-    loop.call_soon(count)
     driving = asyncio.create_task(pacer.drive(step))
     await wait_until(lambda: len(at) == 5, 5, "five steps")
     for _ in range(20):
