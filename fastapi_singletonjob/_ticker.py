@@ -10,10 +10,10 @@ due runs none of them and waits for the next (no burst after a stall); a tick th
 a run is going is dropped, never queued.
 
 With ``precision`` (opt-in) the timer wakes that long before each instant and starts the run
-then, held at a *gate*: what a run does before the job's code (its task, the claim, the
-checkpoint read, the context) is done ahead, and the timer yields to the event loop until the
-instant comes, then opens the gate. A job that is busy (or paused, not led, an interval job)
-when its instant comes within reach is fired when the instant comes, as without the setting.
+then, held at a *gate*: its task is created and its instant claimed (if the schedule claims
+it) ahead, and the timer yields to the event loop until the instant comes, then opens the
+gate. A job that is busy (or paused, not led, an interval job) when its instant comes within
+reach is fired when the instant comes, as without the setting.
 """
 
 from __future__ import annotations
@@ -351,7 +351,8 @@ class Ticker:
         self._retire(runner)
 
     def stop_waiting(self) -> None:
-        """Forget every pending instant (shutdown): nothing starts after this."""
+        """Forget every pending instant (shutdown): nothing starts after this but the runs
+        already held at their gates, each on its instant."""
         self._heap.clear()
         self._fired.clear()
         now = self._clock.monotonic()
