@@ -4,13 +4,13 @@ and the memory store."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from fake_nodes import stop
 from test_runner import Factory, clock, engine, make
 
 from fastapi_singletonjob import DropReason, JobContext
+from fastapi_singletonjob._engine import Engine
 from fastapi_singletonjob.testing import FakeClock
 
 __all__ = ["clock", "make"]  # fixtures
@@ -23,18 +23,18 @@ def apart(a: datetime, b: datetime) -> float:
     return (a - b).total_seconds()
 
 
-def slow_claims(jobs_engine: object, clock: FakeClock, delay_s: float) -> list[datetime]:
+def slow_claims(jobs_engine: Engine, clock: FakeClock, delay_s: float) -> list[datetime]:
     """Make the store take ``delay_s`` to answer each claim; return when each was asked."""
-    store = jobs_engine.store  # type: ignore[attr-defined]
-    claim: Callable[..., Awaitable[int]] = store.claim
+    store = jobs_engine.store
+    claim = store.claim
     asked: list[datetime] = []
 
-    async def slow(*args: object, **kwargs: object) -> int:
+    async def slow(job: str, value: str, instant_us: int, **kwargs: int) -> int:
         asked.append(clock.now())
         await clock.sleep(delay_s)
-        return await claim(*args, **kwargs)
+        return await claim(job, value, instant_us, **kwargs)
 
-    store.claim = slow
+    store.claim = slow  # type: ignore[method-assign]
     return asked
 
 
