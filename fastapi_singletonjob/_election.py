@@ -25,7 +25,7 @@ from ._placement import Spreader
 from ._store import LeaseReply, LeaseRequest, LeaseStore
 from ._telemetry import Telemetry
 from ._terms import Terms
-from ._timing import WATCH_STEP_S, call_timeout_s, next_attempt_delay, soonest_end_s
+from ._timing import call_timeout_s, next_attempt_delay, soonest_end_s
 from ._watch import Watch
 
 __all__ = ["Elector"]
@@ -70,8 +70,8 @@ class Elector:
         self._wake = Alarm(clock)
         """Rung when a node released locks: run a round now."""
         self._deadlines_moved = Alarm(clock)
-        """Rung when a deadline moved or a run started: the watchdog recomputes its sleep."""
-        self._watching = False
+        """Rung when a deadline moved or a run may wait on ``leadership_lost``: the watchdog
+        recomputes its sleep."""
         self._notice_at: float | None = None
         self.failures = 0
         self.last_error: str | None = None
@@ -122,10 +122,16 @@ class Elector:
             return None
 
     def run_started(self, job: str) -> None:
-        """A run of ``job`` started: from now on the watchdog checks the deadline at least
-        every ``WATCH_STEP_S``, so that a suspend cannot delay ``leadership_lost``."""
+        """A run of ``job`` started (the watchdog: see ``lost_awaited``)."""
         self.terms.run_started(job)
-        if not self._watching:
+        if self.leases[job].lost_event is not None:
+            self.lost_awaited(job)
+
+    def lost_awaited(self, job: str) -> None:
+        """A run of ``job`` may wait on its term's ``leadership_lost``: while one is in flight,
+        the watchdog checks the deadline every ``WATCH_STEP_S``, so that a suspend cannot
+        delay the signal. Runs that never ask for it cost the watchdog no wake-up."""
+        if not self.terms.watching and self.leases[job].running:
             self._deadlines_moved.ring()
 
     def run_ended(self, job: str) -> None:
@@ -193,17 +199,7 @@ class Elector:
         # Woken whenever a deadline moves: a term that starts from a slow reply has a deadline
         # sooner than the sleep computed before it.
         while True:
-            self.terms.expire()
-            now = self._clock.monotonic()
-            held = [x for x in self.leases.values() if x.token is not None]
-            self._watching = any(x.running for x in held)
-            step = min(
-                [
-                    WATCH_STEP_S if self._watching else self._heartbeat_s,
-                    *(x.deadline - now for x in held),
-                ]
-            )
-            await self._deadlines_moved.wait(max(step, 0.0))
+            await self._deadlines_moved.wait(self.terms.watch_step_s(self._heartbeat_s))
 
     async def round(self) -> float:
         """One acquire-or-renew round for all leases; returns the delay until the next."""

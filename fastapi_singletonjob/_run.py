@@ -169,6 +169,7 @@ class JobRunner:
 
     def lost_of(self, token: int) -> asyncio.Event:
         """The "leadership lost" signal of term ``token``."""
+        self._elector.lost_awaited(self.spec.name)
         return self.lease.lost_of(token)
 
     async def save_state_of(self, ctx: JobContext, value: object) -> None:

@@ -17,7 +17,7 @@ from ._clock import Clock
 from ._lease import Lease, LeaseView, node_of
 from ._store import LeaseReply
 from ._telemetry import Telemetry
-from ._timing import leaderless_s, lease_deadline
+from ._timing import WATCH_STEP_S, leaderless_s, lease_deadline
 
 __all__ = ["Terms"]
 
@@ -45,6 +45,8 @@ class Terms:
         self._clock = clock
         self._telemetry = telemetry
         self._warned_twin = False
+        self.watching = False
+        """Whether a run in flight may wait on ``leadership_lost`` (see ``watch_step_s``)."""
         self.acquiring = True
         """False once the node has begun shutting down: it keeps the terms it has (their runs
         are in flight) and starts none."""
@@ -257,6 +259,17 @@ class Terms:
             self._telemetry.leaderless_for(lease.job, gap)
         if self.on_term_started is not None:
             self.on_term_started(lease.job)
+
+    def watch_step_s(self, idle_s: float) -> float:
+        """End the terms whose deadline has passed; return how long the deadline watchdog may
+        sleep: until the next deadline, and at most ``WATCH_STEP_S`` while a run in flight may
+        wait on its term's ``leadership_lost`` (``watching``), else at most ``idle_s``."""
+        self.expire()
+        now = self._clock.monotonic()
+        held = [x for x in self.leases.values() if x.token is not None]
+        self.watching = any(x.running and x.lost_event is not None for x in held)
+        step = WATCH_STEP_S if self.watching else idle_s
+        return max(min([step, *(x.deadline - now for x in held)]), 0.0)
 
     def expire(self) -> None:
         """End every term whose deadline has passed."""

@@ -26,7 +26,8 @@ MARGIN_FRACTION = 0.01
 MIN_MARGIN_S = 0.005
 WATCH_STEP_S = 0.1
 """Longest sleep of the deadline watchdog while a run of a job this node leads is in flight
-(``Lease.running``): the run may wait on ``leadership_lost``. Lease deadlines are on
+(``Lease.running``) and its term's ``leadership_lost`` was asked for (by the run, or by the
+``on_leadership_lost="cancel"`` policy): the run may wait on it. Lease deadlines are on
 CLOCK_BOOTTIME, which counts a system suspend, but asyncio's timers run on CLOCK_MONOTONIC,
 which does not: after a resume the watchdog notices a deadline that passed during the
 suspend within this step, not a whole timer later."""
