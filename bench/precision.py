@@ -35,9 +35,10 @@ import collections
 import json
 import math
 import os
+import resource
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -74,10 +75,14 @@ BODY_FRACTION = 0.2
 BACKGROUND_JOBS = 100
 BACKGROUND_PERIOD_S = 0.5
 READY_TIMEOUT_S = 120.0
-POOLED = {0.5: 5}
+POOLED = {0.1: 3, 0.5: 10}
 """Processes per scheduler for the rows *alone* of a period, their runs pooled into one row:
-120 s of 500 ms ticks is 240 runs, whose p99 is the third-latest run, noise; five processes
-give 1,200, as one does at 100 ms. Drift is the first process's, CPU the processes' mean."""
+120 s of 500 ms ticks is 240 runs, whose p99 is the third-latest run, noise that flips a
+comparison of two schedulers from run to run; ten processes give 2,400 runs, three at 100 ms
+3,600. Drift is the first process's, CPU the processes' mean."""
+STALL_S = 0.0002
+"""A gap between two iterations of the reference spin longer than this is a stall: the loop
+did nothing else, so the process (or its virtual CPU) was not running."""
 DRIFT_POINTS = 211  # runs sampled for the drift slope (a prime: no beat with 1-in-100 spikes)
 
 Record = Callable[[float, float], None]
@@ -95,6 +100,8 @@ class Window:
         self.ideal: list[float] = []
         self.start: list[float] = []
         self.lib_lateness: list[float] = []
+        self.stalls: list[float] | None = None
+        """The reference spin's stalls inside the window, in seconds (None: not a spin)."""
 
     def record(self, ideal: float, start: float) -> None:
         if self.t0 <= ideal < self.t_end:
@@ -310,13 +317,19 @@ async def run_asyncio_spin(
         while True:
             due = (math.floor((time.time() - offset) / every) + 1) * every + offset
             await asyncio.sleep(due - SPIN_S - time.time())
-            while time.time() < due:  # noqa: ASYNC110  (a spin on purpose: no epoll timeout)
+            last = time.perf_counter()
+            while time.time() < due:  # a spin on purpose: no epoll timeout
                 await asyncio.sleep(0)  # yield to the other tasks, but do not block in epoll
+                now = time.perf_counter()
+                if now - last > STALL_S and record is not None and window.t0 <= due < window.t_end:
+                    stalls.append(now - last)
+                last = now
             start = time.time()
             if record is not None:
                 record(due, start)
             await asyncio.sleep(body_s)
 
+    stalls = window.stalls = []
     tasks = [asyncio.ensure_future(loop(period, BODY_FRACTION * period, window.record))]
     tasks += [
         asyncio.ensure_future(
@@ -379,8 +392,10 @@ async def child(args: argparse.Namespace) -> Json:
     async def meter() -> None:
         await _sleep_until(t0)
         cpu["start"] = time.process_time()
+        cpu["switches"] = -resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
         await _sleep_until(t_end)
         cpu["end"] = time.process_time()
+        cpu["switches"] += resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 
     metering = asyncio.ensure_future(meter())
     if args.scheduler in REDIS_RUNNERS:
@@ -397,6 +412,8 @@ async def child(args: argparse.Namespace) -> Json:
         "ideal": window.ideal,
         "start": window.start,
         "lib_lateness": window.lib_lateness,
+        "stalls": window.stalls,
+        "involuntary_switches": int(cpu["switches"]),
         "cpu_s": cpu["end"] - cpu["start"],
         "window_s": t_end - t0,
     }
@@ -453,7 +470,15 @@ def summarize(period: float, raws: list[Json], expected: int) -> Json:
         "cpu_ms_per_s": round(cpu_s / raw["window_s"] * 1000, 2),
         "cpu_us_per_run": round(cpu_s * len(raws) / runs * 1e6, 1) if runs else None,
         "series_ms": downsample(first),
+        "involuntary_switches": sum(one.get("involuntary_switches", 0) for one in raws),
     }
+    if raw.get("stalls") is not None:
+        stalls_ms = [x * 1000 for one in raws for x in one["stalls"]]
+        result["stalls_ms"] = {
+            "count": len(stalls_ms),
+            "total": round(sum(stalls_ms), 2),
+            "max": round(max(stalls_ms, default=0.0), 3),
+        }
     lib_lateness = [x * 1000 for one in raws for x in one.get("lib_lateness", [])]
     if lib_lateness:
         result["library_lateness_ms"] = stats(lib_lateness)
@@ -471,13 +496,16 @@ def _phase(
     schedulers: list[str],
     workdir: Path,
     extra_args: Sequence[str] = (),
+    pooled: Mapping[float, int] | None = None,
 ) -> list[Json]:
+    """Run one child per (scheduler, period, load), ``pooled[period]`` for the rows alone,
+    all at the same time through one window; summarize each row."""
     plan = [
         (scheduler, period, background, process)
         for period in periods
         for background in (0, BACKGROUND_JOBS)
         for scheduler in schedulers
-        for process in range(1 if background else POOLED.get(period, 1))
+        for process in range(1 if background else (pooled or {}).get(period, 1))
     ]
     spacing = min(periods) / len(plan)
     children: list[tuple[Child, Path, str, float, int, float]] = []
@@ -504,23 +532,47 @@ def _phase(
         t_end = t0 + duration_s
         for child_, *_ in children:
             child_.send(f"{t0} {t_end}")
-        pooled: dict[tuple[str, float, int], list[tuple[Json, int, float]]] = {}
+        time.sleep(max(0.0, t0 - time.time()))
+        steal_start = (time.monotonic(), _steal_s())
+        rows: dict[tuple[str, float, int], list[tuple[Json, int, float]]] = {}
         for child_, out, scheduler, period, background, offset in children:
             child_.expect("done")
             expected = math.ceil((duration_s - offset) / period - 1e-9)
-            row = pooled.setdefault((scheduler, period, background), [])
+            row = rows.setdefault((scheduler, period, background), [])
             row.append((json_load(out), expected, offset))
+        steal = _steal_share(*steal_start)
         results = []
-        for (scheduler, period, background), row in pooled.items():
+        for (scheduler, period, background), row in rows.items():
             summary = summarize(period, [raw for raw, _, _ in row], sum(e for _, e, _ in row))
             summary.update(
                 scheduler=scheduler, period_ms=round(period * 1000), background=background
             )
             summary["offset_ms"] = round(row[0][2] * 1000, 3)
+            summary["phase_steal"] = steal
             results.append(summary)
         return results
     finally:
         stop_children([c[0] for c in children])
+
+
+def _steal_s() -> float | None:
+    """CPU time the hypervisor has taken from this virtual machine's CPUs, in seconds (the
+    *steal* column of ``/proc/stat``), or None where there is no such column."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _steal_share(since: float, steal_then: float | None) -> float | None:
+    """The share of the CPUs' time stolen by the hypervisor since ``since`` (monotonic)."""
+    steal_now = _steal_s()
+    if steal_then is None or steal_now is None:
+        return None
+    elapsed = (time.monotonic() - since) * (os.cpu_count() or 1)
+    return round((steal_now - steal_then) / elapsed, 5) if elapsed > 0 else None
 
 
 def json_load(path: Path) -> Json:
@@ -535,11 +587,11 @@ def run(quick: bool, workdir: Path) -> Json:
     started = time.monotonic()
     plain = [s for s in schedulers if s not in SPINNING]
     spinning = [s for s in schedulers if s in SPINNING]
-    n = POOLED.get(0.5, 1)
+    slow = sum(POOLED.get(period, 1) + 1 for period in (0.1, 0.5))  # alone, and beside jobs
     results = []
     for periods, window_s in (((0.01,), fast_s), ((0.1, 0.5), slow_s)):
         for group in (plain, spinning):
-            results += _phase(periods, window_s, group, workdir)
+            results += _phase(periods, window_s, group, workdir, pooled=POOLED)
     return {
         "settings": {
             "body_fraction": BODY_FRACTION,
@@ -551,8 +603,9 @@ def run(quick: bool, workdir: Path) -> Json:
             "store": "memory://",
             "drift_points": DRIFT_POINTS,
             "pooled_processes": {str(round(p * 1000)): n for p, n in POOLED.items()},
-            "concurrent_children": {"10": 2 * len(plain), "100+500": (3 + n) * len(plain)},
-            "concurrent_spinning": {"10": 2 * len(spinning), "100+500": (3 + n) * len(spinning)},
+            "concurrent_children": {"10": 2 * len(plain), "100+500": slow * len(plain)},
+            "concurrent_spinning": {"10": 2 * len(spinning), "100+500": slow * len(spinning)},
+            "stall_ms": STALL_S * 1000,
         },
         "schedulers": schedulers,
         "results": results,

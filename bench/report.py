@@ -512,13 +512,16 @@ def _shares(period_ms: int, background_period_s: float) -> str:
 
 def _spinning_phases(s: Json) -> str:
     """How the variants that busy-wait were run, and which rows pool several processes."""
-    pooled = "".join(
-        f" The rows alone at {period} ms pool the runs of {num(n)} processes per scheduler, "
-        f"all in the same phase (so a p99 stands on as many runs as at 100 ms, not on the "
-        "third-latest of a few hundred); their drift is the first process's, their CPU the "
-        "processes' mean."
-        for period, n in s.get("pooled_processes", {}).items()
-        if n > 1
+    counts = [(period, n) for period, n in s.get("pooled_processes", {}).items() if n > 1]
+    pooled = (
+        f" The rows alone at {' and '.join(p for p, _ in counts)} ms pool the runs of "
+        f"{' and '.join(num(n) for _, n in counts)} processes per scheduler, all in the same "
+        "phase, so that each p99 stands on thousands of runs (the p99 of one process's 1,200 "
+        "runs at 100 ms, or of its 240 at 500 ms, is one of its few latest runs, and flipped a "
+        "comparison of two schedulers from run to run); their drift is the first process's, "
+        "their CPU the processes' mean."
+        if counts
+        else ""
     )
     spinning = s.get("concurrent_spinning")
     if not spinning:
@@ -745,6 +748,69 @@ def _spin_reference(data: Json) -> str:
     )
 
 
+def _machine_limits(data: Json, cpus: int) -> str:
+    """The machine's share of the tails: the hypervisor's steal, the reference spin's stalls."""
+    text = (
+        f"- *The machine.* Tail figures include scheduling delays of a shared {cpus}-CPU "
+        "machine; the floor's tail shows how much."
+    )
+    rows = [
+        (name, _precision_row(data, scheduler, 100, 0))
+        for scheduler, name in (
+            ("singletonjob", "the library's"),
+            ("apscheduler", "APScheduler's"),
+            ("asyncio_floor", "the floor's"),
+        )
+    ]
+    switched = [(name, r) for name, r in rows if r and "involuntary_switches" in r]
+    if len(switched) > 1:
+        text += (
+            " A process that does more between its wake-up and the job's code (the library: "
+            "its run's task, the leadership check, the context: about 0.2 ms "
+            "with caches cold after a sleep) is preempted more often by the others' "
+            "wake-ups: at 100 ms alone, the kernel switched out "
+            + ", ".join(
+                f"{name} processes {num(r['involuntary_switches'])} times "
+                f"({num(r['cpu_ms_per_s'], 1)} ms of CPU per second each)"
+                for name, r in switched
+            )
+            + " over the window."
+        )
+    plain = _precision_row(data, "asyncio_floor", 100, 0) or {}
+    spins = [r for r in (_precision_row(data, "asyncio_spin", p, 0) for p in (100, 500)) if r]
+    shares = [(plain.get("phase_steal"), "others'")]
+    if spins:
+        shares.append((spins[0].get("phase_steal"), "spinning"))
+    steal = [f"{num(x * 100, 2)} % of the CPUs' time in the {p} phase" for x, p in shares if x]
+    if steal:
+        text += (
+            " Its hypervisor took " + " and ".join(steal) + " at 100 and 500 ms (*steal* "
+            "time, `/proc/stat`): time when this machine's virtual CPUs did not run at all."
+        )
+    stalls = [r["stalls_ms"] for r in spins if "stalls_ms" in r]
+    if stalls:
+        runs = sum(r["runs"] for r in spins)
+        switches = sum(r.get("involuntary_switches", 0) for r in spins)
+        count = sum(x["count"] for x in stalls)
+        spin_ms = num(data["settings"].get("spin_s", 0.002) * 1000, 0)
+        stall_ms = num(data["settings"].get("stall_ms", 0.2), 1)
+        text += (
+            f" Inside its spins (the {spin_ms} ms before each of {num(runs)} instants at 100 "
+            f"and 500 ms, alone), the yield-spin loop went {num(count)} times more than "
+            f"{stall_ms} ms from one iteration to the next (longest "
+            f"{num(max(x['max'] for x in stalls), 2)} ms, "
+            f"{num(sum(x['total'] for x in stalls), 1)} ms in all), a loop that does nothing "
+            f"else; the kernel preempted its process {num(switches)} times in the whole window"
+            + (
+                ", so most of those stalls were the virtual CPU not running, which no code in "
+                "this machine can prevent nor absorb below a millisecond."
+                if switches < count
+                else "."
+            )
+        )
+    return text
+
+
 def precision_limits(data: Json, cpu_vs_aps: str | None, cpus: int) -> list[str]:
     s = data["settings"]
     background = s["background_jobs"]
@@ -821,11 +887,7 @@ def precision_limits(data: Json, cpu_vs_aps: str | None, cpus: int) -> list[str]
             "it only takes the timer's own lateness away. An `offset=` per job spreads the "
             "instants.",
         ]
-    lines += [
-        f"- *The machine.* Tail figures include scheduling delays of a shared {cpus}-CPU "
-        "machine; the floor's tail shows how much.",
-        "",
-    ]
+    lines += [_machine_limits(data, cpus), ""]
     drifting = [
         r
         for r in data["results"]
