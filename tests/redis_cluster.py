@@ -18,12 +18,16 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
 from redis.crc import key_slot
 from servers import HOST, RedisServer, free_port
+
+from fastapi_singletonjob import JobContext, SingletonJobs
 
 START_TIMEOUT_S = 30.0
 _POLL_S = 0.05
@@ -220,3 +224,35 @@ class TestCluster:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@dataclass
+class Run:
+    """One run of a ``ticking_node``'s job: which node, in which term, when."""
+
+    node: str
+    token: int
+    start: float
+    end: float | None = None
+
+
+def ticking_node(
+    url: str | None,
+    project: str,
+    name: str,
+    runs: list[Run],
+    *,
+    tick_s: float = 0.02,
+    checkpoint: bool = False,
+    **settings: Any,
+) -> SingletonJobs:
+    """A node with one interval job, ``tick``, that records each of its runs in ``runs``."""
+    jobs = SingletonJobs(url, project=project, node_id=name, **settings)
+
+    @jobs.interval("tick", tick_s, checkpoint=checkpoint)
+    async def tick(ctx: JobContext) -> None:
+        run = Run(name, ctx.fencing_token, time.monotonic())
+        runs.append(run)
+        run.end = time.monotonic()
+
+    return jobs

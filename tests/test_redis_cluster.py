@@ -10,20 +10,19 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from redis.asyncio import Redis, RedisCluster
-from redis_cluster import TestCluster
+from redis_cluster import Run, TestCluster, ticking_node
 from servers import RedisServerFactory
 from test_redis_acl import PASSWORD as ACL_PASSWORD
 from test_redis_acl import documented_acl
 from waiting import wait_until
 
-from fastapi_singletonjob import ConfigurationError, JobContext, SingletonJobs
+from fastapi_singletonjob import ConfigurationError, SingletonJobs
 from fastapi_singletonjob._cluster_url import seed_urls
 from fastapi_singletonjob._keys import lock_key, release_channel
 from fastapi_singletonjob._redis_cluster import ClusterLeaseStore
@@ -42,26 +41,9 @@ def cluster() -> Iterator[TestCluster]:
         yield started
 
 
-@dataclass
-class Run:
-    node: str
-    token: int
-    start: float
-    end: float | None = None
-
-
 def node(url: str | None, project: str, name: str, runs: list[Run], **extra: Any) -> SingletonJobs:
-    checkpoint = bool(extra.pop("checkpoint", False))
     options: dict[str, Any] = {"heartbeat_interval": H, "lock_expiry": T, **extra}
-    jobs = SingletonJobs(url, project=project, node_id=name, **options)
-
-    @jobs.interval("tick", 0.02, checkpoint=checkpoint)
-    async def tick(ctx: JobContext) -> None:
-        run = Run(name, ctx.fencing_token, time.monotonic())
-        runs.append(run)
-        run.end = time.monotonic()
-
-    return jobs
+    return ticking_node(url, project, name, runs, **options)
 
 
 def leader(*nodes: SingletonJobs) -> SingletonJobs | None:

@@ -11,22 +11,20 @@ checking the cluster's state)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import trustme
-from chaos.test_cluster_faults import Run, check_tokens, overlap_s, pushed_handover
+from chaos.test_cluster_faults import check_tokens, kill_slot_master, overlap_s, pushed_handover
 from redis.crc import key_slot
-from redis_cluster import TestCluster
+from redis_cluster import Run, TestCluster, ticking_node
 from servers import HOST, free_port
 from test_redis_tls import PREFIX, serve, tls_error_reported, write_pems
 from waiting import wait_until
 
-from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob import SingletonJobs
 from fastapi_singletonjob._keys import lock_key
 
 pytestmark = pytest.mark.redis
@@ -74,17 +72,9 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster
 
 
 def make_node(url: str, project: str, name: str, runs: list[Run]) -> SingletonJobs:
-    jobs = SingletonJobs(
-        url, project=project, node_id=name, heartbeat_interval=H, lock_expiry=T, max_backoff=B
+    return ticking_node(
+        url, project, name, runs, heartbeat_interval=H, lock_expiry=T, max_backoff=B
     )
-
-    @jobs.interval("tick", 0.02, checkpoint=False)
-    async def tick(ctx: JobContext) -> None:
-        run = Run(name, ctx.fencing_token, time.monotonic())
-        runs.append(run)
-        run.end = time.monotonic()
-
-    return jobs
 
 
 async def test_one_runner_and_a_pushed_handover_over_tls(
@@ -115,13 +105,9 @@ async def test_a_slot_master_sigkill_is_survived_over_tls(
     a, b = (make_node(tls_cluster.url(), unique_project, name, runs) for name in ("a", "b"))
     async with a, b:
         await wait_until(lambda: len(runs) >= 20, 10.0, "steady runs over TLS")
-        master = cluster.slot_owner(slot)
-        master.kill()
-        killed_at = time.monotonic()
-        promoted_at = await asyncio.to_thread(cluster.wait_promoted, master, slot)
-        count = len(runs)
-        await wait_until(lambda: len(runs) > count + 5, 10.0, "runs after the promotion")
-        resumed_at = min(run.start for run in runs if run.start > killed_at + T)
+        killed_at, promoted_at, resumed_at = await kill_slot_master(
+            cluster, slot, runs, lock_expiry_s=T, timeout_s=10.0
+        )
         handover_s = await pushed_handover(a, b)
     print(
         f"TLS cluster, slot master SIGKILL: promoted {promoted_at - killed_at:.2f} s after the "

@@ -21,7 +21,16 @@ JOBS = [f"job-{i:02d}" for i in range(12)]
 Leaders = dict[str, str | None]
 
 
-def node(clock: FakeClock, name: str, project: str, placement: str = "spread") -> SingletonJobs:
+def node(
+    clock: FakeClock,
+    name: str,
+    project: str,
+    placement: str = "spread",
+    *,
+    every_s: float = 1.0,
+    busy_s: float = 0.0,
+) -> SingletonJobs:
+    """A node with the jobs ``JOBS``, each every ``every_s``, each run taking ``busy_s``."""
     jobs = SingletonJobs(
         "memory://",
         project=project,
@@ -34,9 +43,10 @@ def node(clock: FakeClock, name: str, project: str, placement: str = "spread") -
     )
     for job in JOBS:
 
-        @jobs.fixed_rate(job, every=1.0, checkpoint=False)
+        @jobs.fixed_rate(job, every=every_s, checkpoint=False)
         async def run(ctx: JobContext) -> None:
-            pass
+            if busy_s:
+                await clock.sleep(busy_s)
 
     return jobs
 
@@ -227,25 +237,10 @@ async def test_moves_go_when_runs_end_though_every_round_of_the_leader_falls_in_
     finds a run in flight goes when that run ends."""
     clock = FakeClock()
 
-    def busy_node(name: str) -> SingletonJobs:
-        jobs = SingletonJobs(
-            "memory://",
-            project=unique_project,
-            node_id=name,
-            heartbeat_interval=HEARTBEAT_S,
-            lock_expiry=EXPIRY_S,
-            shutdown_timeout=0.5,
-            clock=clock,
-        )
-        for job in JOBS:
-
-            @jobs.fixed_rate(job, every=HEARTBEAT_S, checkpoint=False)
-            async def run(ctx: JobContext) -> None:
-                await clock.sleep(0.6 * HEARTBEAT_S)
-
-        return jobs
-
-    a, b = busy_node("web-a"), busy_node("web-b")
+    a, b = (
+        node(clock, name, unique_project, every_s=HEARTBEAT_S, busy_s=0.6 * HEARTBEAT_S)
+        for name in ("web-a", "web-b")
+    )
     await a.start()
     try:
         assert a.engine is not None

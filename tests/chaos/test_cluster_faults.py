@@ -13,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 from redis.crc import key_slot
-from redis_cluster import TestCluster
+from redis_cluster import Run, TestCluster, ticking_node
 from waiting import wait_until
 
-from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob import SingletonJobs
 from fastapi_singletonjob._keys import lock_key, release_channel
 
 from .harness import Results
@@ -40,26 +39,10 @@ def redis_cluster() -> Iterator[TestCluster]:
         yield started
 
 
-@dataclass
-class Run:
-    node: str
-    token: int
-    start: float
-    end: float | None = None
-
-
 def make_node(url: str, project: str, name: str, runs: list[Run]) -> SingletonJobs:
-    jobs = SingletonJobs(
-        url, project=project, node_id=name, heartbeat_interval=H, lock_expiry=T, max_backoff=B
+    return ticking_node(
+        url, project, name, runs, tick_s=TICK, heartbeat_interval=H, lock_expiry=T, max_backoff=B
     )
-
-    @jobs.interval("tick", TICK, checkpoint=False)
-    async def tick(ctx: JobContext) -> None:
-        run = Run(name, ctx.fencing_token, time.monotonic())
-        runs.append(run)
-        run.end = time.monotonic()
-
-    return jobs
 
 
 def overlap_s(runs: list[Run]) -> float:
@@ -114,6 +97,23 @@ async def pushed_handover(a: SingletonJobs, b: SingletonJobs) -> float:
     return led_at - released_at
 
 
+async def kill_slot_master(
+    cluster: TestCluster, slot: int, runs: list[Run], *, lock_expiry_s: float, timeout_s: float
+) -> tuple[float, float, float]:
+    """SIGKILL the master serving ``slot``; wait for a replica's promotion and for the job's
+    runs to go on. Returns when it was killed, when the replica was promoted and when the
+    first run started after the killed master's locks expired (monotonic)."""
+    master = cluster.slot_owner(slot)
+    master.kill()
+    killed_at = time.monotonic()
+    # In a thread: the nodes' event loop must go on meanwhile.
+    promoted_at = await asyncio.to_thread(cluster.wait_promoted, master, slot)
+    count = len(runs)
+    await wait_until(lambda: len(runs) > count + 5, timeout_s, "runs after the promotion")
+    resumed_at = min(run.start for run in runs if run.start > killed_at + lock_expiry_s)
+    return killed_at, promoted_at, resumed_at
+
+
 def check_tokens(runs: list[Run]) -> list[int]:
     terms: list[int] = []
     for run in sorted(runs, key=lambda r: r.start):
@@ -133,14 +133,9 @@ async def test_row54_slot_master_sigkill_with_replica_promotion(
     async with a, b:
         await wait_until(lambda: len(runs) >= 20, 5.0, "steady runs")
         await wait_until(lambda: subscribers(redis_cluster, channel) == 2, 3.0, "2 listeners")
-        master = redis_cluster.slot_owner(slot)
-        master.kill()
-        killed_at = time.monotonic()
-        # In a thread: the nodes' event loop must go on meanwhile.
-        promoted_at = await asyncio.to_thread(redis_cluster.wait_promoted, master, slot)
-        count = len(runs)
-        await wait_until(lambda: len(runs) > count + 5, 5.0, "runs after the promotion")
-        resumed_at = min(run.start for run in runs if run.start > killed_at + T)
+        killed_at, promoted_at, resumed_at = await kill_slot_master(
+            redis_cluster, slot, runs, lock_expiry_s=T, timeout_s=5.0
+        )
         await wait_until(
             lambda: subscribers(redis_cluster, channel) == 2, 5.0, "listeners on the new master"
         )
