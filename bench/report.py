@@ -516,10 +516,8 @@ def _spinning_phases(s: Json) -> str:
     pooled = (
         f" The rows alone at {' and '.join(p for p, _ in counts)} ms pool the runs of "
         f"{' and '.join(num(n) for _, n in counts)} processes per scheduler, all in the same "
-        "phase, so that each p99 stands on thousands of runs (the p99 of one process's 1,200 "
-        "runs at 100 ms, or of its 240 at 500 ms, is one of its few latest runs, and flipped a "
-        "comparison of two schedulers from run to run); their drift is the first process's, "
-        "their CPU the processes' mean."
+        "phase, so that their p99 stands on as many runs as at 100 ms; their drift is the "
+        "first process's, their CPU the processes' mean."
         if counts
         else ""
     )
