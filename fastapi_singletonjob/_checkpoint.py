@@ -1,7 +1,7 @@
 """Checkpoints: a job's progress, stored next to its lock and written only by its leader.
 
-One Redis hash per job (``_keys.checkpoint_key``), every field a string, a field that is None
-left out:
+One Redis hash per job (``_keys.job_key``, kind ``checkpoint``), every field a string, a field
+that is None left out:
 
 =====================  ====================================================================
 field                  content

@@ -248,7 +248,7 @@ class RedisCheckpoints:
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> Checkpoint | None:
         """See ``LeaseStore.read_checkpoint``: one ``HGETALL``."""
-        key = _keys.checkpoint_key(self._project, job)
+        key = _keys.job_key(self._project, job, "checkpoint")
         try:
             raw: dict[bytes, bytes] = await self._checkpoint_call(
                 f"read the checkpoint of job {job!r}", self._claims.hgetall(key), timeout_s
@@ -264,14 +264,14 @@ class RedisCheckpoints:
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
         """See ``LeaseStore.reset_checkpoint``: one ``DEL``."""
-        key = _keys.checkpoint_key(self._project, job)
+        key = _keys.job_key(self._project, job, "checkpoint")
         deleted = await self._checkpoint_call(
             f"reset the checkpoint of job {job!r}", self._claims.delete(key), timeout_s
         )
         return int(deleted) > 0
 
     def _checkpoint_keys(self, job: str) -> list[str]:
-        return [_keys.lock_key(self._project, job), _keys.checkpoint_key(self._project, job)]
+        return [_keys.job_key(self._project, job, kind) for kind in ("lock", "checkpoint")]
 
     async def _checkpoint_call(self, what: str, call: Awaitable[Any], timeout_s: float) -> Any:
         """Await ``call``; ``ConnectionError`` past ``timeout_s``, ``StoreReadOnly`` from a

@@ -51,9 +51,9 @@ class RedisClaims:
         """One ``CLAIM`` call for ``claims`` (job, ARGV): one reply each. Unbounded, as a
         claim has always been: the pool's socket timeouts bound it."""
         keys = [
-            key
+            _keys.job_key(self._project, job, kind)
             for job, _ in claims
-            for key in (_keys.lock_key(self._project, job), _keys.last_key(self._project, job))
+            for kind in ("lock", "last")
         ]
         args = [arg for _, claim_args in claims for arg in claim_args]
         try:

@@ -80,14 +80,11 @@ def _job(data: ClusterData, job: JobData) -> ClusterJob:
         for record, _ in data.members
         if job.name in record.jobs
     ]
-    paused = data.controls.get(_keys.paused_field(job.name))
+    paused = data.controls.get(_keys.control_field("paused", job.name))
     pending = [
-        kind
-        for kind, field in (
-            ("trigger", _keys.trigger_field(job.name)),
-            ("step-down", _keys.step_down_field(job.name)),
-        )
-        if field in data.controls
+        control
+        for control in ("trigger", "step-down")
+        if _keys.control_field(control, job.name) in data.controls
     ]
     return ClusterJob(
         name=job.name,

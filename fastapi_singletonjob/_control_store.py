@@ -129,7 +129,7 @@ class RedisControls:
         self, field: str, value: str | None, *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> bool:
         """See ``ControlStore.set_control``: one ``CONTROL`` script call."""
-        keys = [_keys.controls_key(self._project)]
+        keys = [_keys.project_key(self._project, "controls")]
         call = self._control_script(keys=keys, args=[self._channel, field, value or ""])
         return int(await asyncio.wait_for(call, timeout_s)) == 1
 
@@ -140,10 +140,10 @@ class RedisControls:
         owner = self.membership.record.owner
         self.membership.left = True  # before the deletion: no election call writes it back
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hdel(_keys.members_key(self._project), owner)
-            pipe.zrem(_keys.member_expiry_key(self._project), owner)
-            pipe.hdel(_keys.placement_key(self._project), owner)
-            pipe.hincrby(_keys.placement_key(self._project), "#epoch", 1)
+            pipe.hdel(_keys.project_key(self._project, "nodes"), owner)
+            pipe.zrem(_keys.project_key(self._project, "nodes:expiry"), owner)
+            pipe.hdel(_keys.project_key(self._project, "nodes:placement"), owner)
+            pipe.hincrby(_keys.project_key(self._project, "nodes:placement"), "#epoch", 1)
             await pipe.execute()
         self.membership.confirmed(False)
 
@@ -157,9 +157,9 @@ class RedisControls:
         project = self._project
         async with self._claims.pipeline(transaction=False) as pipe:
             pipe.time()
-            pipe.hgetall(_keys.members_key(project))
-            pipe.zrange(_keys.member_expiry_key(project), 0, -1, withscores=True)
-            pipe.hgetall(_keys.controls_key(project))
+            pipe.hgetall(_keys.project_key(project, "nodes"))
+            pipe.zrange(_keys.project_key(project, "nodes:expiry"), 0, -1, withscores=True)
+            pipe.hgetall(_keys.project_key(project, "controls"))
             (seconds, micros), records, expiries, raw_controls = await pipe.execute()
         now_ms = seconds * 1000 + micros // 1000
         now = datetime.fromtimestamp(now_ms / 1000, timezone.utc)
@@ -174,11 +174,11 @@ class RedisControls:
         names = sorted(_job_names(members, controls).union(extra))
         async with self._claims.pipeline(transaction=False) as pipe:
             for name in names:
-                lock = _keys.lock_key(project, name)
+                lock = _keys.job_key(project, name, "lock")
                 pipe.get(lock)
                 pipe.pttl(lock)
-                pipe.get(_keys.last_key(project, name))
-                pipe.hgetall(_keys.checkpoint_key(project, name))
+                pipe.get(_keys.job_key(project, name, "last"))
+                pipe.hgetall(_keys.job_key(project, name, "checkpoint"))
             raw = await pipe.execute(raise_on_error=False)
         data = {}
         for i, name in enumerate(names):
@@ -278,12 +278,15 @@ class MemoryControls:
         """The job's controls for one ``elect`` reply: paused, triggered, step-down; the
         requests are consumed by the holder only."""
         controls = self._data.controls
-        paused = self._control_key(_keys.paused_field(job)) in controls
+        paused = self._control_key(_keys.control_field("paused", job)) in controls
         if not held:
             return paused, False, False
-        triggered = controls.pop(self._control_key(_keys.trigger_field(job)), None) is not None
-        step_down = controls.pop(self._control_key(_keys.step_down_field(job)), None) is not None
-        return paused, triggered, step_down
+
+        def take(control: _keys.Control) -> bool:
+            key = self._control_key(_keys.control_field(control, job))
+            return controls.pop(key, None) is not None
+
+        return paused, take("trigger"), take("step-down")
 
     async def read_cluster(
         self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S

@@ -63,46 +63,49 @@ key                                            type    content
 
 from __future__ import annotations
 
+from typing import Literal
+
 __all__ = [
-    "checkpoint_key",
-    "controls_key",
-    "fence_key",
-    "last_key",
-    "lock_key",
-    "members_key",
-    "member_expiry_key",
-    "paused_field",
-    "placement_key",
+    "Control",
+    "JobKey",
+    "ProjectKey",
+    "control_field",
+    "job_key",
+    "project_key",
     "release_channel",
-    "step_down_field",
-    "trigger_field",
 ]
 
 PREFIX = "singletonjob"
+
+JobKey = Literal["lock", "fence", "last", "checkpoint"]
+"""The keys of one job (``<job>:<kind>`` in the table): ``lock`` its lease, present while some
+node leads it; ``fence`` the last fencing token granted; ``last`` the latest instant a leader
+claimed (started); ``checkpoint`` its checkpoint record (a hash; see ``_checkpoint``)."""
+
+ProjectKey = Literal["nodes", "nodes:expiry", "nodes:placement", "controls"]
+"""The keys the jobs of one project share: ``nodes`` the hash of the live nodes' membership
+records (owner id -> JSON); ``nodes:expiry`` the sorted set of their expiries (owner id ->
+server time in ms); ``nodes:placement`` the hash of when each member joined and which jobs it
+runs (a digest), and the epoch; ``controls`` the hash of operators' controls (``Control``)."""
+
+Control = Literal["paused", "trigger", "step-down"]
+"""The fields of the ``controls`` hash, one of each per job (``<control>:<job>``): ``paused``
+present while the job is paused; ``trigger`` asks the job's leader for one extra run;
+``step-down`` asks the job's leader to hand it over."""
 
 
 def _tag(project: str) -> str:
     return f"{PREFIX}:{{{project}}}"
 
 
-def lock_key(project: str, job: str) -> str:
-    """The lease key of ``job``: present while some node leads it."""
-    return f"{_tag(project)}:{job}:lock"
+def job_key(project: str, job: str, kind: JobKey) -> str:
+    """The key ``kind`` of ``job`` (see ``JobKey``)."""
+    return f"{_tag(project)}:{job}:{kind}"
 
 
-def fence_key(project: str, job: str) -> str:
-    """The key holding the last fencing token granted for ``job``."""
-    return f"{_tag(project)}:{job}:fence"
-
-
-def last_key(project: str, job: str) -> str:
-    """The key holding the latest instant of ``job`` that a leader claimed (started)."""
-    return f"{_tag(project)}:{job}:last"
-
-
-def checkpoint_key(project: str, job: str) -> str:
-    """The key of ``job``'s checkpoint record (a hash; see ``_checkpoint``)."""
-    return f"{_tag(project)}:{job}:checkpoint"
+def project_key(project: str, name: ProjectKey) -> str:
+    """The key ``name`` of ``project``, shared by its jobs (see ``ProjectKey``)."""
+    return f"{_tag(project)}:{name}"
 
 
 def release_channel(project: str) -> str:
@@ -110,36 +113,6 @@ def release_channel(project: str) -> str:
     return f"{_tag(project)}:released"
 
 
-def members_key(project: str) -> str:
-    """The hash of the live nodes' membership records (owner id -> JSON)."""
-    return f"{_tag(project)}:nodes"
-
-
-def member_expiry_key(project: str) -> str:
-    """The sorted set of membership expiries (owner id -> server time in ms)."""
-    return f"{_tag(project)}:nodes:expiry"
-
-
-def placement_key(project: str) -> str:
-    """The hash of when each member joined and which jobs it runs (a digest), and the epoch."""
-    return f"{_tag(project)}:nodes:placement"
-
-
-def controls_key(project: str) -> str:
-    """The hash of operators' controls: paused jobs, pending triggers and step-downs."""
-    return f"{_tag(project)}:controls"
-
-
-def paused_field(job: str) -> str:
-    """The field of ``controls_key`` present while ``job`` is paused."""
-    return f"paused:{job}"
-
-
-def trigger_field(job: str) -> str:
-    """The field of ``controls_key`` asking ``job``'s leader for one extra run."""
-    return f"trigger:{job}"
-
-
-def step_down_field(job: str) -> str:
-    """The field of ``controls_key`` asking ``job``'s leader to hand it over."""
-    return f"step-down:{job}"
+def control_field(control: Control, job: str) -> str:
+    """The field of the ``controls`` key that holds ``control`` for ``job`` (see ``Control``)."""
+    return f"{control}:{job}"

@@ -74,23 +74,23 @@ class Operations:
         from its next election round, which this call wakes at once. Stored in Redis, so it
         stays paused across restarts until ``resume``."""
         value = json.dumps({"at": self._clock.now().isoformat(), "by": self.settings.node_id})
-        await self._control(job, _keys.paused_field(job), value)
+        await self._control(job, _keys.control_field("paused", job), value)
 
     async def resume(self, job: str) -> None:
         """Undo ``pause``: the job's next instant runs as usual."""
-        await self._control(job, _keys.paused_field(job), None)
+        await self._control(job, _keys.control_field("paused", job), None)
 
     async def trigger(self, job: str) -> None:
         """Ask ``job``'s current leader for one extra run now (dropped, and logged on the
         leader, when a run is in flight or the job is paused). Taken once, by the leader's
         next election round, which this call wakes at once."""
-        await self._control(job, _keys.trigger_field(job), "1")
+        await self._control(job, _keys.control_field("trigger", job), "1")
 
     async def step_down(self, job: str) -> None:
         """Ask ``job``'s leader to hand it over: it releases the lock once no run is in
         flight, another node takes it over at the release notice, and the node that stepped
         down stays out of that job's election for one lock expiry."""
-        await self._control(job, _keys.step_down_field(job), "1")
+        await self._control(job, _keys.control_field("step-down", job), "1")
 
     async def _control(self, job: str, field: str, value: str | None) -> None:
         async with self._store() as store:

@@ -151,17 +151,18 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """See ``LeaseStore.elect``: one ``EVALSHA`` for all jobs."""
         member, project = self.membership, self._project
-        keys = [_keys.members_key(project), _keys.member_expiry_key(project)]
-        keys += [_keys.controls_key(project), _keys.placement_key(project)]
+        keys = [
+            _keys.project_key(project, name)
+            for name in ("nodes", "nodes:expiry", "controls", "nodes:placement")
+        ]
         echo = self._echo_wanted
         args: list[str | int] = [node_id, "", "", "", "", self._channel if echo else ""]
         if member is not None and not member.left:
             args[1:5] = [member.payload(), member.ttl_ms, member.epoch, member.digest]
         for request in requests:
             keys += (
-                _keys.lock_key(self._project, request.job),
-                _keys.fence_key(self._project, request.job),
-                _keys.checkpoint_key(self._project, request.job),
+                _keys.job_key(project, request.job, kind)
+                for kind in ("lock", "fence", "checkpoint")
             )
             # Only a value of the form this library writes can be the caller's own.
             held = request.held if is_lock_value(request.held) else None
@@ -228,7 +229,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
         keys: list[str] = []
         args: list[str | int] = [self._channel, DEFAULT_MAX_AHEAD_US]
         for job, value in values.items():
-            keys += (_keys.lock_key(self._project, job), _keys.last_key(self._project, job))
+            keys += (_keys.job_key(self._project, job, kind) for kind in ("lock", "last"))
             args += (value, last_us.get(job, ""))
         try:
             released: int = await self._release(keys=keys, args=args)

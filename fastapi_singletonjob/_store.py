@@ -250,7 +250,7 @@ class _MemoryData:
     members: dict[str, tuple[str, float]] = field(default_factory=dict)
     """Per project and owner id: the membership record (JSON) and its expiry."""
     controls: dict[str, str] = field(default_factory=dict)
-    """Per project and field of the controls hash (``_keys.paused_field`` ...): its value."""
+    """Per project and field of the controls hash (``_keys.control_field``): its value."""
     joined: dict[str, tuple[int, str]] = field(default_factory=dict)
     """Per project and owner id: when it joined (ms) and its jobs digest (placement)."""
     epochs: dict[str, int] = field(default_factory=dict)

@@ -403,7 +403,7 @@ async def test_a_stale_leaders_save_state_is_refused(
     new = "n2" if old == "n1" else "n1"
     if lock_lost:
         with redis_server.client() as client:
-            assert client.delete(_keys.lock_key(unique_project, STALE_JOB)) == 1
+            assert client.delete(_keys.job_key(unique_project, STALE_JOB, "lock")) == 1
 
     takeover = await wait_for(
         lambda: next(

@@ -78,10 +78,10 @@ async def case(request: pytest.FixtureRequest, unique_project: str) -> AsyncIter
     with server.client() as inspector:
 
         def set_lock(job: str, value: str, ttl_s: float) -> None:
-            inspector.set(_keys.lock_key(unique_project, job), value, px=round(ttl_s * 1000))
+            inspector.set(_keys.job_key(unique_project, job, "lock"), value, px=round(ttl_s * 1000))
 
         def set_fields(job: str, fields: Mapping[str, str]) -> None:
-            key = _keys.checkpoint_key(unique_project, job)
+            key = _keys.job_key(unique_project, job, "checkpoint")
             inspector.delete(key)
             inspector.hset(key, mapping=dict(fields))
 
@@ -519,12 +519,14 @@ async def test_redis_layout(
     token = await new_term(store, "web-1")
     await record(store, token, "web-1", Outcome.FAILED, "KeyError: 'x'")
     await store.save_state(StateSave(JOB, token, "web-1", '{"after":[1,2.5]}', RETENTION_S))
-    key = _keys.checkpoint_key(unique_project, JOB)
+    key = _keys.job_key(unique_project, JOB, "checkpoint")
 
     with redis_server.client() as client:
         assert key == f"singletonjob:{{{unique_project}}}:{JOB}:checkpoint"
         # The lock's hash tag: one slot, so one script can read the lock and write the record.
-        assert key_slot(key.encode()) == key_slot(_keys.lock_key(unique_project, JOB).encode())
+        assert key_slot(key.encode()) == key_slot(
+            _keys.job_key(unique_project, JOB, "lock").encode()
+        )
         assert client.type(key) == "hash"
         assert client.hgetall(key) == {
             "iteration": "0",
@@ -606,7 +608,7 @@ async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced
         assert all(token is not None for token in tokens)
         stale = jobs[7]
         with server.client() as client:
-            client.delete(_keys.lock_key(unique_project, stale))  # its term is over
+            client.delete(_keys.job_key(unique_project, stale, "lock"))  # its term is over
             client.config_resetstat()
 
             async def run(job: str, token: int) -> Checkpoint | None:
@@ -621,7 +623,7 @@ async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced
             )
             calls = _calls(client)
             stored = {
-                job: client.hget(_keys.checkpoint_key(unique_project, job), "iteration")
+                job: client.hget(_keys.job_key(unique_project, job, "checkpoint"), "iteration")
                 for job in jobs
             }
     finally:
@@ -650,7 +652,7 @@ async def test_redis_a_bad_value_fails_before_any_traffic(
                 with pytest.raises(ConfigurationError):
                     await save(store, token, value)
             assert _calls(client) == before
-            assert client.exists(_keys.checkpoint_key(unique_project, JOB)) == 0
+            assert client.exists(_keys.job_key(unique_project, JOB, "checkpoint")) == 0
     finally:
         await store.aclose()
 
@@ -672,7 +674,7 @@ async def test_redis_a_key_of_another_type_reads_as_none_and_is_replaced(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     token = await new_term(store, "n1")
-    key = _keys.checkpoint_key(unique_project, JOB)
+    key = _keys.job_key(unique_project, JOB, "checkpoint")
     with redis_server.client() as client:
         write(client, key)
         with caplog.at_level(logging.WARNING, "fastapi_singletonjob"):

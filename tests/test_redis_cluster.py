@@ -24,7 +24,7 @@ from waiting import wait_until
 
 from fastapi_singletonjob import ConfigurationError, SingletonJobs
 from fastapi_singletonjob._cluster_url import seed_urls
-from fastapi_singletonjob._keys import lock_key, release_channel
+from fastapi_singletonjob._keys import job_key, release_channel
 from fastapi_singletonjob._redis_cluster import ClusterLeaseStore
 from fastapi_singletonjob._status import readiness
 from fastapi_singletonjob._store import LeaseRequest
@@ -109,7 +109,7 @@ async def test_one_round_trip_per_heartbeat_on_the_slot_master(
     cluster: TestCluster, unique_project: str
 ) -> None:
     store = ClusterLeaseStore(unique_project, url=cluster.url)
-    owner = cluster.owner_of(lock_key(unique_project, "job-0"))
+    owner = cluster.owner_of(job_key(unique_project, "job-0", "lock"))
     requests = [LeaseRequest(f"job-{i}", T) for i in range(20)]
     clients = {n.port: n.client() for n in cluster.nodes}  # connected before, counted once
     try:
@@ -197,7 +197,7 @@ async def test_readiness_names_a_cluster_url_or_client_given_a_single_redis(
 async def test_readiness_names_a_plain_url_given_a_cluster_node(
     cluster: TestCluster, unique_project: str, owns_slot: bool
 ) -> None:
-    owner = cluster.owner_of(lock_key(unique_project, "tick"))
+    owner = cluster.owner_of(job_key(unique_project, "tick", "lock"))
     target = owner if owns_slot else next(n for n in cluster.nodes if n is not owner)
     runs: list[Run] = []
     jobs = node(target.url, unique_project, "a", runs)

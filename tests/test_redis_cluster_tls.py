@@ -25,7 +25,7 @@ from test_redis_tls import PREFIX, serve, tls_error_reported, write_pems
 from waiting import wait_until
 
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._keys import lock_key
+from fastapi_singletonjob._keys import job_key
 
 pytestmark = pytest.mark.redis
 
@@ -101,7 +101,7 @@ async def test_a_slot_master_sigkill_is_survived_over_tls(
 ) -> None:
     cluster = tls_cluster.cluster
     runs: list[Run] = []
-    slot = key_slot(lock_key(unique_project, "tick").encode())
+    slot = key_slot(job_key(unique_project, "tick", "lock").encode())
     a, b = (make_node(tls_cluster.url(), unique_project, name, runs) for name in ("a", "b"))
     async with a, b:
         await wait_until(lambda: len(runs) >= 20, 10.0, "steady runs over TLS")

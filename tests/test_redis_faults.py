@@ -302,7 +302,7 @@ async def test_lock_deleted_by_hand_overlap_is_bounded(
     await asyncio.sleep(HEARTBEAT_S / 2)
     both += await nodes.start(server.url, journal, "b")
     await running(journal, nodes)
-    lock = _keys.lock_key(unique_project, JOB)
+    lock = _keys.job_key(unique_project, JOB, "lock")
     overlaps, winners = [], []
 
     with server.client() as client:

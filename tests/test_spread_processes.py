@@ -51,7 +51,7 @@ async def members(url: str, project: str, nodes: list[str]) -> float:
     with redis.Redis.from_url(url, decode_responses=True) as client:
 
         def check() -> bool:
-            owners = client.hkeys(_keys.members_key(project))
+            owners = client.hkeys(_keys.project_key(project, "nodes"))
             return sorted(owner.partition("#")[0] for owner in owners) == sorted(nodes)
 
         await wait_until(check, STARTUP_S, f"members {nodes}", poll_s=0.05)

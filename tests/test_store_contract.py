@@ -94,7 +94,7 @@ async def case(request: pytest.FixtureRequest, unique_project: str) -> AsyncIter
             return int(counts.get(channel, 0))
 
         def set_lock(job: str, value: str, ttl_s: float) -> None:
-            inspector.set(_keys.lock_key(unique_project, job), value, px=round(ttl_s * 1000))
+            inspector.set(_keys.job_key(unique_project, job, "lock"), value, px=round(ttl_s * 1000))
 
         try:
             yield Case(store, subscribers, set_lock)
@@ -115,7 +115,7 @@ async def cluster_case(cluster: TestCluster, project: str) -> AsyncIterator[Case
             return int(inspector.pubsub_shardnumsub(channel)[0][1])
 
         def set_lock(job: str, value: str, ttl_s: float) -> None:
-            inspector.set(_keys.lock_key(project, job), value, px=round(ttl_s * 1000))
+            inspector.set(_keys.job_key(project, job, "lock"), value, px=round(ttl_s * 1000))
 
         try:
             yield Case(store, subscribers, set_lock)
@@ -287,8 +287,8 @@ async def test_a_control_notice_names_its_job(case: Case) -> None:
     try:
         await wait_until(lambda: case.subscribers() >= 1, 2.0, "the listener subscribed")
         controls: ControlStore = case.store  # type: ignore[assignment]
-        await controls.set_control(_keys.paused_field("job:with:colons"), "{}")
-        await controls.set_control(_keys.trigger_field("job-b"), "1")
+        await controls.set_control(_keys.control_field("paused", "job:with:colons"), "{}")
+        await controls.set_control(_keys.control_field("trigger", "job-b"), "1")
         await wait_until(lambda: len(heard) >= 2, 2.0, "the control notices")
         assert heard == [frozenset({"job:with:colons"}), frozenset({"job-b"})]
     finally:
@@ -434,8 +434,8 @@ async def test_redis_keys_and_values(
     store: RedisLeaseStore, redis_server: RedisServer, unique_project: str
 ) -> None:
     reply = await elect_one(store, "node-a")
-    lock = _keys.lock_key(unique_project, "job")
-    fence = _keys.fence_key(unique_project, "job")
+    lock = _keys.job_key(unique_project, "job", "lock")
+    fence = _keys.job_key(unique_project, "job", "fence")
 
     with redis_server.client() as client:
         keys = set(client.scan_iter(match=f"singletonjob:{{{unique_project}}}:*"))
@@ -471,7 +471,7 @@ async def test_redis_tokens_keep_growing_after_data_loss(
 ) -> None:
     server = fresh_redis()
     store = RedisLeaseStore(unique_project, url=server.url)
-    fence = _keys.fence_key(unique_project, "job")
+    fence = _keys.job_key(unique_project, "job", "fence")
     try:
         tokens = [await new_term(store, "n1")]
         with server.client() as client:
@@ -483,7 +483,7 @@ async def test_redis_tokens_keep_growing_after_data_loss(
             # A fence ahead of the server clock (a clock that stepped back) still wins.
             ahead = 2 * int(client.get(fence) or 0)
             client.set(fence, ahead)
-            client.delete(_keys.lock_key(unique_project, "job"))
+            client.delete(_keys.job_key(unique_project, "job", "lock"))
             tokens.append(await new_term(store, "n2"))
     finally:
         await store.aclose()
@@ -502,7 +502,7 @@ async def test_redis_one_round_trip_elects_all_jobs(
     # With a membership record and an operator's control: still that one call.
     record = MemberRecord("n1", "n1", "0", datetime.now(timezone.utc), {"job-0": "every 1s"}, 1)
     store.announce(Membership(record))
-    await store.set_control(_keys.paused_field("job-3"), "{}")
+    await store.set_control(_keys.control_field("paused", "job-3"), "{}")
     try:
         first = await store.elect("n1", requests)  # connects and loads the script
         renewals = [LeaseRequest(r.job, TTL_S, r.value) for r in first]
@@ -535,8 +535,12 @@ async def test_redis_key_sizes(
     # A typical pod name as node id, and a typical job name.
     await store.elect("web-7d9f8c6b5-x2k4p-12345-ab12", [LeaseRequest("price-tick", TTL_S)])
     with redis_server.client() as client:
-        lock_bytes = int(client.memory_usage(_keys.lock_key(unique_project, "price-tick")) or 0)
-        fence_bytes = int(client.memory_usage(_keys.fence_key(unique_project, "price-tick")) or 0)
+        lock_bytes = int(
+            client.memory_usage(_keys.job_key(unique_project, "price-tick", "lock")) or 0
+        )
+        fence_bytes = int(
+            client.memory_usage(_keys.job_key(unique_project, "price-tick", "fence")) or 0
+        )
 
     print(f"MEMORY USAGE: lock key {lock_bytes} B, fence key {fence_bytes} B")
     assert 0 < lock_bytes <= LOCK_BYTES_MAX

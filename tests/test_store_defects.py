@@ -99,7 +99,7 @@ async def test_item3_a_non_utf8_lock_value_leaves_the_other_jobs_alone(
     store: RedisLeaseStore, redis_server: RedisServer, unique_project: str
 ) -> None:
     with redis_server.client(decode_responses=False) as client:
-        client.set(_keys.lock_key(unique_project, "other"), b"\xff\xfe binary\n", px=60_000)
+        client.set(_keys.job_key(unique_project, "other", "lock"), b"\xff\xfe binary\n", px=60_000)
 
     good, other = await store.elect(
         "n1", [LeaseRequest("good", TTL_S), LeaseRequest("other", TTL_S)]
@@ -122,7 +122,7 @@ async def test_item3_a_non_utf8_lock_value_with_a_decoding_client(
     """A client passed in with ``decode_responses=True`` must not make redis-py decode (and
     fail on) the store's replies: the store decodes them itself."""
     with redis_server.client(decode_responses=False) as client:
-        client.set(_keys.lock_key(unique_project, "other"), b"\xff binary", px=60_000)
+        client.set(_keys.job_key(unique_project, "other", "lock"), b"\xff binary", px=60_000)
     user = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
     lease_store = RedisLeaseStore(unique_project, client=user)
     try:
@@ -140,7 +140,7 @@ async def test_item3_a_huge_foreign_token_is_shown_cut(
 ) -> None:
     value = "9" * 4301 + "|x"
     with redis_server.client() as client:
-        client.set(_keys.lock_key(unique_project, "other"), value, px=60_000)
+        client.set(_keys.job_key(unique_project, "other", "lock"), value, px=60_000)
 
     good, other = await store.elect(
         "n1", [LeaseRequest("good", TTL_S), LeaseRequest("other", TTL_S)]
@@ -352,7 +352,7 @@ async def test_item10_a_replica_is_refused_also_while_others_hold_every_lock(
     primary, replica = primary_and_replica
     on_primary = RedisLeaseStore(unique_project, url=primary.url)
     on_replica = RedisLeaseStore(unique_project, url=replica.url)
-    lock = _keys.lock_key(unique_project, "job")
+    lock = _keys.job_key(unique_project, "job", "lock")
     try:
         assert (await on_primary.elect("n1", [LeaseRequest("job", 60.0)]))[0].held
         with replica.client() as client:
@@ -376,7 +376,7 @@ async def test_item10_a_primary_demoted_to_replica_is_refused(
     primary, _ = primary_and_replica
     other = fresh_redis(extra_args=PRIMARY_ARGS)
     lease_store = RedisLeaseStore(unique_project, url=primary.url)
-    lock = _keys.lock_key(unique_project, "job")
+    lock = _keys.job_key(unique_project, "job", "lock")
     try:
         [reply] = await lease_store.elect("n1", [LeaseRequest("job", 60.0)])
         assert reply.held and reply.value is not None
@@ -411,5 +411,5 @@ async def test_item11_an_instant_ahead_is_not_recorded(
 
     assert await store.claim("job", reply.value, now_us + year_us) == -2
     with redis_server.client() as client:
-        assert client.exists(_keys.last_key(unique_project, "job")) == 0
+        assert client.exists(_keys.job_key(unique_project, "job", "last")) == 0
     assert await store.claim("job", reply.value, now_us) == 1

@@ -380,7 +380,7 @@ async def test_row49c_redis_restored_from_an_older_snapshot_rolls_the_state_back
     await wait_saves(cluster, RATE.name, 10, since=0.0)
     store = cluster.store
     assert store is not None
-    key = _keys.checkpoint_key(cluster.project, RATE.name)
+    key = _keys.job_key(cluster.project, RATE.name, "checkpoint")
     with store.client() as client:
         before = int(client.hget(key, "state") or 0)
         client.save()  # blocking: the snapshot holds a state between the two reads
@@ -468,7 +468,7 @@ async def test_row50_leader_killed_while_saving_state(
     store = cluster.store
     assert store is not None
     with store.client() as client:
-        stored = client.hget(_keys.checkpoint_key(cluster.project, job), "state")
+        stored = client.hget(_keys.job_key(cluster.project, job, "checkpoint"), "state")
     record.add(
         "50",
         "sigkill-while-saving",

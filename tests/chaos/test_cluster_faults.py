@@ -20,7 +20,7 @@ from redis_cluster import Run, TestCluster, ticking_node
 from waiting import wait_until
 
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._keys import lock_key, release_channel
+from fastapi_singletonjob._keys import job_key, release_channel
 
 from .harness import Results
 
@@ -128,7 +128,7 @@ async def test_row54_slot_master_sigkill_with_replica_promotion(
 ) -> None:
     runs: list[Run] = []
     channel = release_channel(unique_project)
-    slot = key_slot(lock_key(unique_project, "tick").encode())
+    slot = key_slot(job_key(unique_project, "tick", "lock").encode())
     a, b = (make_node(redis_cluster.url, unique_project, n, runs) for n in ("a", "b"))
     async with a, b:
         await wait_until(lambda: len(runs) >= 20, 5.0, "steady runs")
@@ -169,7 +169,7 @@ async def test_row55_slot_migration_to_another_master(
 ) -> None:
     runs: list[Run] = []
     channel = release_channel(unique_project)
-    slot = key_slot(lock_key(unique_project, "tick").encode())
+    slot = key_slot(job_key(unique_project, "tick", "lock").encode())
     a, b = (make_node(redis_cluster.url, unique_project, n, runs) for n in ("a", "b"))
     async with a, b:
         await wait_until(lambda: len(runs) >= 20, 5.0, "steady runs")
@@ -213,7 +213,7 @@ async def test_row55b_slot_held_half_migrated_for_2t(
     redis_cluster: TestCluster, unique_project: str, record: Results
 ) -> None:
     runs: list[Run] = []
-    slot = key_slot(lock_key(unique_project, "tick").encode())
+    slot = key_slot(job_key(unique_project, "tick", "lock").encode())
     a, b = (make_node(redis_cluster.url, unique_project, n, runs) for n in ("a", "b"))
     async with a, b:
         await wait_until(lambda: len(runs) >= 20, 5.0, "steady runs")

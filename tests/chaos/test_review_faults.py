@@ -138,7 +138,7 @@ async def test_row43_foreign_lock_values(cluster: Cluster, record: Results) -> N
     await cluster.one_leader(JOB)
     await cluster.one_leader(OTHER.name)
     other_terms = len(cluster.terms(OTHER.name))
-    lock = _keys.lock_key(cluster.project, JOB)
+    lock = _keys.job_key(cluster.project, JOB, "lock")
     cases: list[tuple[str, bytes, int | None]] = [(k, v, None) for k, v in FOREIGN]
     cases.append(("garbage with a TTL", b"not a lock value", FOREIGN_TTL_MS))
     with raw_client(cluster) as client:
@@ -455,7 +455,7 @@ async def test_row47_node_clock_far_ahead_leads_a_cron_job(
     watch_from = now()
     await cluster.sleep(2.0)
     runs_ahead = started_between(cluster.runs(CRON.name), 0.0, now())
-    last_key = _keys.last_key(cluster.project, CRON.name)
+    last_key = _keys.job_key(cluster.project, CRON.name, "last")
     with raw_client(cluster) as client:
         recorded = client.get(last_key)
     checked_at_wall = time.time()
@@ -537,7 +537,7 @@ async def test_row48_slow_reply_at_term_start_cancel(
     await cluster.mid_run(SLOW.name, leader.name)
     proxy.latency(REQUEST_S)
     await successor.pause()  # it must not win the race for the lock
-    lock = _keys.lock_key(cluster.project, SLOW.name)
+    lock = _keys.job_key(cluster.project, SLOW.name, "lock")
     with raw_client(cluster) as client:
         killed_at = leader.kill()
         proxy.delay_replies(reply_s)

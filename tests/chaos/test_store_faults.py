@@ -128,7 +128,7 @@ async def test_row15_redis_restarted_with_aof(cluster: Cluster, record: Results)
     await three_replicas(cluster, timing=timing, appendonly=True)
     store = cluster.store
     assert store is not None
-    lock = _keys.lock_key(cluster.project, JOB)
+    lock = _keys.job_key(cluster.project, JOB, "lock")
     with store_client(cluster) as client:
         before = client.get(lock)
     restart_at = now()
@@ -229,7 +229,7 @@ async def lost_key_row(
     await three_replicas(cluster)
     old_token = cluster.runs(JOB)[-1].token
     await cluster.until_runs(JOB, 3, since=now(), timeout_s=5)
-    lock = _keys.lock_key(cluster.project, JOB)
+    lock = _keys.job_key(cluster.project, JOB, "lock")
     with store_client(cluster) as client:
         held = client.get(lock)
         for _ in range(5):
@@ -271,7 +271,7 @@ async def lost_key_row(
 
 @pytest.mark.parametrize("rep", reps(5))
 async def test_row19_lock_deleted(cluster: Cluster, record: Results, rep: int) -> None:
-    lock = _keys.lock_key(cluster.project, JOB)
+    lock = _keys.job_key(cluster.project, JOB, "lock")
     await lost_key_row(cluster, record, "19", "del-lock", lambda c: c.delete(lock))
 
 
@@ -284,14 +284,14 @@ async def test_row21_flushall(cluster: Cluster, record: Results, rep: int) -> No
 async def test_row22_early_expiry(cluster: Cluster, record: Results, rep: int) -> None:
     # What a forward step of the Redis host's clock does (libfaketime cannot wrap
     # redis-server): the lock expires early.
-    lock = _keys.lock_key(cluster.project, JOB)
+    lock = _keys.job_key(cluster.project, JOB, "lock")
     await lost_key_row(cluster, record, "22", "pexpire-1ms", lambda c: c.pexpire(lock, 1))
 
 
 def evict(cluster: Cluster, client: redis.Redis) -> int:
     """Lower maxmemory just under what is used, write 10 kB filler keys (with a TTL of an
     hour) until the lock is evicted, then lift the limit. Returns the filler keys written."""
-    lock = _keys.lock_key(cluster.project, JOB)
+    lock = _keys.job_key(cluster.project, JOB, "lock")
     used = int(client.info("memory")["used_memory"])
     client.config_set("maxmemory", used + 200_000)
     written = 0
