@@ -188,6 +188,7 @@ class RedisCheckpoints:
     _project: str
     _shown: str
     _read_only: Callable[[str], Awaitable[StoreReadOnly]]
+    _record_batcher: Batcher[tuple[str, list[str]], Any]  # of _record_runs, built by the store
 
     @functools.cached_property
     def _checkpoint_scripts(self) -> tuple[AsyncScript, AsyncScript]:
@@ -206,10 +207,6 @@ class RedisCheckpoints:
             return None
         fields = zip(RUN_FIELDS, reply, strict=True)
         return written(run.job, {key: value for key, value in fields if value is not None})
-
-    @functools.cached_property
-    def _record_batcher(self) -> Batcher[tuple[str, list[str]], Any]:
-        return Batcher(self._record_runs)
 
     async def _record_runs(
         self, runs: Sequence[tuple[str, list[str]]], timeout_s: float

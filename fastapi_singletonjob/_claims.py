@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -27,6 +26,7 @@ class RedisClaims:
 
     _project: str
     _claim: AsyncScript
+    _claim_batcher: Batcher[tuple[str, list[str]], int]  # of _claim_all, built by the store
     _read_only: Callable[[str], Awaitable[StoreReadOnly]]
 
     async def claim(
@@ -40,10 +40,6 @@ class RedisClaims:
             (job, [value, str(instant_us), str(max_ahead_us)]), math.inf
         )
         return int(reply)
-
-    @functools.cached_property
-    def _claim_batcher(self) -> Batcher[tuple[str, list[str]], int]:
-        return Batcher(self._claim_all)
 
     async def _claim_all(
         self, claims: Sequence[tuple[str, list[str]]], timeout_s: float

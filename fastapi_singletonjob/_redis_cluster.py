@@ -38,10 +38,9 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from . import _keys, _scripts
+from . import _scripts
 from ._cluster_url import seed_urls
-from ._redact import redact_url
-from ._redis_options import checked_pool_size, forced_options, no_maint_notifications
+from ._redis_options import forced_options, no_maint_notifications
 from ._redis_store import ELECTION_CONNECTIONS, RedisLeaseStore
 from ._store import (
     DEFAULT_KEEPALIVE_S,
@@ -128,6 +127,7 @@ class ClusterLeaseStore(RedisLeaseStore):
         its seeds and connection settings, and never closes this one.
     """
 
+    _CLIENT_SHOWN = "<cluster client passed in>"
     _CLUSTER_REPLIES = ()  # redirections are followed here, not errors
 
     def __init__(
@@ -140,15 +140,11 @@ class ClusterLeaseStore(RedisLeaseStore):
         max_connections: int | None = None,
     ) -> None:
         # Not RedisLeaseStore.__init__: it builds connection pools for one server.
-        size = checked_pool_size(url, client, max_connections)
-        self._project = project
-        self._connect_timeout_s = connect_timeout_s
+        size = self._init_shared(project, url, client, connect_timeout_s, max_connections)
         if client is not None:
-            self._shown = "<cluster client passed in>"
             seeds, options = _options_from_client(client)
         else:
             assert url is not None
-            self._shown = redact_url(url)
             seeds, options = _options_from_url(url, connect_timeout_s)
         self._fix = "pass the cluster's nodes, not a replica"
         self._seeds = seeds
@@ -161,8 +157,6 @@ class ClusterLeaseStore(RedisLeaseStore):
         self._elect = self._redis.register_script(_scripts.ELECT_SHARDED)
         self._release = self._redis.register_script(_scripts.RELEASE_SHARDED)
         self._claim = self._claims.register_script(_scripts.CLAIM)
-        self._checked_server = False
-        self._channel = _keys.release_channel(project)
         self._listen_at: tuple[str, int] | None = None
 
     @functools.cached_property

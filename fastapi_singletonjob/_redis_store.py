@@ -29,6 +29,7 @@ from redis.exceptions import (
 )
 
 from . import _keys, _scripts
+from ._batch import Batcher
 from ._checkpoint_store import RedisCheckpoints
 from ._claims import RedisClaims
 from ._control_store import RedisControls
@@ -40,16 +41,14 @@ from ._redis_options import (
     options_from_client,
     options_from_url,
 )
+from ._release_listener import RedisReleases
 from ._store import (
-    DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
     LeaseReply,
     LeaseRequest,
-    ReleaseListener,
     StoreMismatch,
     StoreReadOnly,
     is_lock_value,
-    parse_notice,
 )
 
 __all__ = [
@@ -79,7 +78,7 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
+class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisReleases):
     """Leases kept in Redis keys (see ``_keys``), changed only by the scripts in ``_scripts``.
 
     :param max_connections: size of the claims' pool (default ``DEFAULT_MAX_CONNECTIONS``);
@@ -97,16 +96,12 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
         connect_timeout_s: float = 5.0,
         max_connections: int | None = None,
     ) -> None:
-        size = checked_pool_size(url, client, max_connections)
-        self._project = project
-        self._connect_timeout_s = connect_timeout_s
+        size = self._init_shared(project, url, client, connect_timeout_s, max_connections)
         if client is not None:
-            self._shown = "<client passed in>"
             self._fix = "pass redis= a client of the primary (with Sentinel: master_for())"
             self._connection_class, self._options = options_from_client(client)
         else:
             assert url is not None
-            self._shown = redact_url(url)
             self._fix = "point redis_url at the primary"
             self._connection_class, self._options = options_from_url(url, connect_timeout_s)
         # The election has connections of its own: a renewal never waits behind a burst of
@@ -122,12 +117,30 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
         self._elect = self._redis.register_script(_scripts.ELECT)
         self._release = self._redis.register_script(_scripts.RELEASE)
         self._claim = self._claims.register_script(_scripts.CLAIM)
+
+    def _init_shared(
+        self,
+        project: str,
+        url: str | None,
+        client: object,
+        connect_timeout_s: float,
+        max_connections: int | None,
+    ) -> int:
+        """The start of both stores' ``__init__`` (``ClusterLeaseStore`` does not call this
+        one's): the arguments checked, and what does not depend on the topology. Returns the
+        size of the claims' pool."""
+        size = checked_pool_size(url, client, max_connections)
+        self._project = project
+        self._connect_timeout_s = connect_timeout_s
+        self._shown = self._CLIENT_SHOWN if url is None else redact_url(url)
         self._checked_server = False
         self._channel = _keys.release_channel(project)
+        self._claim_batcher = Batcher(self._claim_all)
+        self._record_batcher = Batcher(self._record_runs)
+        return size
 
-    _echo_wanted = False  # the listener heard nothing for a keepalive: the next elect echoes
-    _echo_sent_at = float("-inf")  # loop time of the last elect that published an echo
-    _broke = False  # the last subscription failed: the next one's confirmation wakes
+    _CLIENT_SHOWN = "<client passed in>"
+    """How logs and errors name the store when the user passed a client."""
 
     _CLUSTER_REPLIES: tuple[type[Exception], ...] = (AskError, ClusterCrossSlotError)
     """Replies only a Redis Cluster node gives: this server is one (see ``_redis_cluster``)."""
@@ -237,77 +250,6 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
             raise await self._read_only("a read-only replica") from exc
         return int(released)
 
-    async def listen_releases(
-        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
-    ) -> None:
-        """See ``LeaseStore.listen_releases``: a subscription on a connection of its own.
-
-        The subscription is checked, because a dead peer that never closed it (a failover,
-        a NAT or firewall that dropped the flow) would otherwise leave a listener that hears
-        nothing, for good: after ``keepalive_s`` without a message the next ``elect``
-        publishes an echo on the channel (any node's echo will do), and the listener raises
-        ``ConnectionError`` when nothing arrives within another ``keepalive_s``. That also
-        catches a subscription left on a server that is no longer where the election writes
-        (a failover). Without an ``elect`` in that time (no election, or a failing one) it
-        sends a ``PING`` and waits as long again. The confirmation is awaited the same way,
-        and, on a subscription that replaces a failed one, passed on as ``on_release(None)``:
-        notices may have been missed meanwhile, and the store answers again.
-        """
-        if not keepalive_s > 0:
-            raise ValueError(f"keepalive_s={keepalive_s!r} must be a positive number of seconds")
-        loop = asyncio.get_running_loop()
-        client = await self._subscriber()
-        pubsub = client.pubsub()
-        try:
-            # Connecting (with its handshake) and sending are bounded too: on a dead peer
-            # either can wait for good, as no socket timeout is set.
-            await self._within(
-                "subscribe", self._subscribe(pubsub), self._connect_timeout_s + keepalive_s
-            )
-            awaiting_since: float | None = loop.time()  # a reply is due since then
-            heard_at, pinged = loop.time(), True
-            while True:
-                now = loop.time()
-                if awaiting_since is not None:
-                    wait_s = awaiting_since + keepalive_s - now
-                    if wait_s <= 0 and not pinged and self._echo_sent_at < awaiting_since:
-                        await self._within("send PING", pubsub.ping(), keepalive_s)
-                        awaiting_since, pinged = loop.time(), True
-                        continue
-                    if wait_s <= 0:
-                        raise ConnectionError(
-                            f"the release subscription to {self._shown} got no reply within "
-                            f"{keepalive_s:g}s: its connection is dead"
-                        )
-                else:
-                    wait_s = heard_at + keepalive_s - now
-                    if wait_s <= 0:
-                        self._echo_wanted = True
-                        awaiting_since, pinged = loop.time(), False
-                        continue
-                message = await pubsub.get_message(timeout=wait_s)
-                if message is None:
-                    continue
-                heard_at, awaiting_since = loop.time(), None
-                kind = message.get("type")
-                data = message.get("data", b"")
-                if kind in ("message", "smessage") and data not in (b"echo", "echo"):
-                    on_release(parse_notice(data))
-                elif kind in ("subscribe", "ssubscribe") and self._broke:
-                    self._broke = False  # what was released meanwhile is unknown: ask about all
-                    on_release(None)
-                elif kind == "sunsubscribe":  # a cluster moved the slot away from this node
-                    raise ConnectionError(
-                        f"the release subscription to {self._shown} was ended by the server: "
-                        "the project's hash slot moved to another node"
-                    )
-        except Exception:
-            self._broke = True
-            raise
-        finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await client.aclose(close_connection_pool=True)
-
     async def _subscriber(self) -> Redis:
         """A client of one connection, for a release subscription."""
         return Redis(connection_pool=self._pool(ConnectionPool, 1))
@@ -321,16 +263,6 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls):
             f"{reply}): use redis+cluster://host:port,host:port/ or pass redis= a "
             "redis.asyncio.RedisCluster"
         )
-
-    async def _within(self, what: str, call: Awaitable[object], timeout_s: float) -> None:
-        """Await a call of the release subscription; ``ConnectionError`` past ``timeout_s``."""
-        try:
-            await asyncio.wait_for(call, timeout_s)
-        except asyncio.TimeoutError as exc:
-            raise ConnectionError(
-                f"the release subscription to {self._shown} could not {what} within "
-                f"{timeout_s:g}s: its connection is dead"
-            ) from exc
 
     async def _read_only(self, what: str) -> StoreReadOnly:
         """The error for a server that will not take the election's writes."""
