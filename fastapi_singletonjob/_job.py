@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, Literal
 
-from ._config import MIN_PERIOD_S, Duration, check_expiry, to_seconds
+from ._config import MIN_PERIOD_S, Duration, check_expiry, check_name, to_seconds
 from ._dependencies import JobCall
 from ._errors import ConfigurationError
 from ._schedule import Cron, FixedRate, Interval, Schedule
@@ -173,8 +173,9 @@ class JobOptions:
         lock_expiry: Duration | None,
         heartbeat_s: float,
     ) -> JobOptions:
-        """Validate the options of job ``name`` as the user gave them (the others are
-        checked by ``JobSpec``)."""
+        """Validate the options of job ``name`` as the user gave them, and its name (the
+        others are checked by ``JobSpec``)."""
+        check_name(name, field="name")
         timeout_s = None if timeout is None else to_seconds(timeout, field="timeout", job=name)
         expiry_s = None
         if lock_expiry is not None:

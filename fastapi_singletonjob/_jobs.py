@@ -14,7 +14,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from ._backend import Store, open_store
 from ._clock import SYSTEM_CLOCK, Clock
-from ._config import Duration, Settings, check_name
+from ._config import Duration, Settings
 from ._engine import Engine
 from ._errors import ConfigurationError, UsageError
 from ._job import (
@@ -178,7 +178,6 @@ class SingletonJobs(Operations):
     ) -> Callable[[F], F]:
         """Run the decorated function as soon as this node leads, then ``every`` after
         each run ends (run, then wait)."""
-        check_name(name, field="name")
         options = JobOptions.parse(
             name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
         )
@@ -198,7 +197,6 @@ class SingletonJobs(Operations):
     ) -> Callable[[F], F]:
         """Run the decorated function on a grid of instants ``epoch + offset + k * every``
         shared by all replicas; a tick that comes while a run is still going is dropped."""
-        check_name(name, field="name")
         options = JobOptions.parse(
             name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
         )
@@ -223,7 +221,6 @@ class SingletonJobs(Operations):
         """Run the decorated function at the instants of a cron expression (5 fields, or 6
         with seconds last), in ``timezone``. A run may start up to ``misfire_grace`` after
         its instant (default: until the next instant)."""
-        check_name(name, field="name")
         options = JobOptions.parse(
             name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
         ).misfiring(name, misfire_grace, misfire)
@@ -244,7 +241,6 @@ class SingletonJobs(Operations):
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of any object with a
         ``next_fire(after: datetime) -> datetime | None`` method."""
-        check_name(name, field="name")
         options = JobOptions.parse(
             name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
         ).misfiring(name, misfire_grace, misfire)
