@@ -126,9 +126,9 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisRelease
         connect_timeout_s: float,
         max_connections: int | None,
     ) -> int:
-        """The start of both stores' ``__init__`` (``ClusterLeaseStore`` does not call this
-        one's): the arguments checked, and what does not depend on the topology. Returns the
-        size of the claims' pool."""
+        """The start of ``__init__``, shared with ``ClusterLeaseStore`` (whose ``__init__``
+        does not call this class's): the arguments checked, and what does not depend on the
+        topology. Returns the size of the claims' pool."""
         size = checked_pool_size(url, client, max_connections)
         self._project = project
         self._connect_timeout_s = connect_timeout_s
