@@ -7,9 +7,10 @@ every 500 ms tick, every fifth 100 ms tick and every fiftieth 10 ms tick shares 
 with the 100). Lateness is ``time.time()`` at the body's first instruction minus the tick's
 ideal instant. The children of one phase run at the same time, on instants shifted by a
 different offset each, so that all schedulers share the machine's conditions without waking
-together. The variants that busy-wait before each instant (``SPINNING``) have phases of their
-own: on a 2-CPU machine their spinning would take the CPU from the others' wake-ups, and the
-others' wake-ups would preempt their spins. Each child also reports its process's CPU time
+together (``_layout``: the rows alone, by scheduler in turn, clear of the bursts of the rows
+beside 100 jobs). The variants that busy-wait before each instant (``SPINNING``) have phases
+of their own: on a 2-CPU machine their spinning would take the CPU from the others' wake-ups,
+and the others' wake-ups would preempt their spins. Each child also reports its process's CPU time
 over the window, which gives the CPU cost of the library's ``precision=`` setting.
 
 Schedulers: fastapi-singletonjob (``fixed_rate``, ``memory://``), the same with
@@ -503,19 +504,19 @@ def _phase(
     pooled: Mapping[float, int] | None = None,
 ) -> list[Json]:
     """Run one child per (scheduler, period, load), ``pooled[period]`` for the rows alone,
-    all at the same time through one window; summarize each row."""
-    plan = [
-        (scheduler, period, background, process)
+    all at the same time through one window (at the offsets of ``_layout``); summarize each
+    row."""
+    busy = [(s, period, BACKGROUND_JOBS, 0) for period in periods for s in schedulers]
+    alone = [
+        (s, period, 0, process)
         for period in periods
-        for background in (0, BACKGROUND_JOBS)
-        for scheduler in schedulers
-        for process in range(1 if background else (pooled or {}).get(period, 1))
+        for process in range((pooled or {}).get(period, 1))
+        for s in schedulers
     ]
-    spacing = min(periods) / len(plan)
+    plan = list(zip(busy + alone, _layout(len(busy), len(alone), min(periods)), strict=True))
     children: list[tuple[Child, Path, str, float, int, float]] = []
     try:
-        for i, (scheduler, period, background, process) in enumerate(plan):
-            offset = round(i * spacing, 6)
+        for (scheduler, period, background, process), offset in plan:
             name = f"{scheduler}-{period}-{background}" + (f"-{process}" if process else "")
             out = workdir / f"precision-{name}.json"
             args = [
@@ -557,6 +558,19 @@ def _phase(
         return results
     finally:
         stop_children([c[0] for c in children])
+
+
+def _layout(busy: int, alone: int, cycle_s: float) -> list[float]:
+    """Offsets of ``busy`` rows beside 100 jobs, then of ``alone`` rows alone, in a cycle of
+    the shortest period. The busy rows start in its first quarter: each wakes 100 jobs at
+    once, a burst of several milliseconds of CPU (more with contention) every 500 ms. The
+    rows alone tick in its second half, clear of those bursts where the period allows, and
+    in turn by scheduler (``_phase`` lists them so): laid out in blocks instead, the first
+    scheduler's rows alone sat right after the bursts and the last one's furthest from them,
+    which ranked the schedulers' tails by their place in the plan."""
+    return [round(i * cycle_s / 4 / busy, 6) for i in range(busy)] + [
+        round(cycle_s / 2 + j * cycle_s / 2 / alone, 6) for j in range(alone)
+    ]
 
 
 def _steal_s() -> float | None:

@@ -564,8 +564,10 @@ def precision_section(results: Json, images: dict[str, str]) -> list[str]:
         f"{s['window_s']['10']} s, {num(s['concurrent_children']['10'])} processes; 100 and "
         f"500 ms: window {s['window_s']['100']} s, "
         f"{num(s['concurrent_children']['100+500'])} processes), each on instants shifted by its "
-        f"own offset so that they never wake together. Store: `{s['store']}`."
-        + _spinning_phases(s),
+        f"own offset so that they never wake together: the rows beside "
+        f"{s['background_jobs']} jobs in the first quarter of the shortest period, the rows "
+        "alone in its second half, by scheduler in turn, clear of the busy rows' bursts where "
+        f"the period allows (at 100 and 500 ms). Store: `{s['store']}`." + _spinning_phases(s),
         "",
         f"Variants: the library as configured by default, and with `precision={precision_s:g}` "
         f"(its timer wakes {num(precision_s * 1000, 0)} ms before each instant, starts the run "
