@@ -566,8 +566,9 @@ def precision_section(results: Json, images: dict[str, str]) -> list[str]:
         f"{num(s['concurrent_children']['100+500'])} processes), each on instants shifted by its "
         f"own offset so that they never wake together: the rows beside "
         f"{s['background_jobs']} jobs in the first quarter of the shortest period, the rows "
-        "alone in its second half, by scheduler in turn, clear of the busy rows' bursts where "
-        f"the period allows (at 100 and 500 ms). Store: `{s['store']}`." + _spinning_phases(s),
+        "alone in its second half, by scheduler in turn, clear of the busy rows' bursts (at 10 "
+        "ms, where the bursts outlast the period, the rows alone and the rows beside the jobs "
+        f"ran in phases of their own). Store: `{s['store']}`." + _spinning_phases(s),
         "",
         f"Variants: the library as configured by default, and with `precision={precision_s:g}` "
         f"(its timer wakes {num(precision_s * 1000, 0)} ms before each instant, starts the run "
