@@ -317,7 +317,7 @@ async def test_three_replicas_agree_and_sigterm_hands_over(
     node_ids = {name: view.node_id for name, view in views.items()}
     assert len(set(node_ids.values())) == 3, node_ids
     assert all(view.started and view.store.reachable for view in views.values()), views
-    leader_id, token = assert_one_leader(views, replicas.describe())
+    leader_id, token = await wait_one_leader(replicas, nodes)
     (leader,) = [r for r in nodes if node_ids[r.name] == leader_id]
     followers = [r for r in nodes if r is not leader]
 
@@ -451,7 +451,7 @@ async def test_probes_follow_a_redis_outage(
         for i in (1, 2)
     ]
     await replicas.wait_ready(*nodes)
-    _, token_before = assert_one_leader(await statuses(replicas, *nodes), replicas.describe())
+    _, token_before = await wait_one_leader(replicas, nodes)
 
     killed_at = time.monotonic()
     server.kill()
