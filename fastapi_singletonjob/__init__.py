@@ -1,9 +1,6 @@
 """Run a periodic job on exactly one replica of a FastAPI service, elected through Redis."""
 
 from ._checkpoint import Checkpoint
-from ._cluster_view import ClusterJob, ClusterNode, ClusterStatus
-from ._context import JobContext
-from ._dependencies import job_context
 from ._errors import (
     ConfigurationError,
     JobNotFound,
@@ -12,10 +9,13 @@ from ._errors import (
     SingletonJobError,
     UsageError,
 )
-from ._jobs import SingletonJobs
+from ._job.context import JobContext
+from ._job.dependencies import job_context
+from ._outcomes import DropReason, Outcome
 from ._schedule import Cron, FixedRate, Interval, Schedule
-from ._state import DropReason, Outcome
-from ._status import HealthStatus, JobReport, JobStatus, LastRun, NodeStatus, StoreStatus
+from ._singletonjobs import SingletonJobs
+from ._web.cluster_view import ClusterJob, ClusterNode, ClusterStatus
+from ._web.status import HealthStatus, JobReport, JobStatus, LastRun, NodeStatus, StoreStatus
 
 __version__ = "0.1.0"
 

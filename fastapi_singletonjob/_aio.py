@@ -7,12 +7,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ._clock import Clock, SystemClock
-
-if TYPE_CHECKING:
-    from ._store import LeaseStore, ReleaseListener
 
 __all__ = [
     "Alarm",
@@ -20,7 +17,6 @@ __all__ = [
     "abort_all",
     "call_in_thread",
     "cancel_and_wait",
-    "listen_for_releases",
     "wait_all",
     "within",
 ]
@@ -236,25 +232,3 @@ async def call_in_thread(
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(thread)
         raise
-
-
-async def listen_for_releases(
-    store: LeaseStore,
-    on_release: ReleaseListener,
-    *,
-    keepalive_s: float,
-    retry_delay: Callable[[], float],
-    clock: Clock,
-    node_id: str,
-) -> None:
-    """Keep a release subscription up until cancelled: resubscribe ``retry_delay()`` seconds
-    after it failed. The subscription is an optimisation (polling goes on meanwhile), so
-    failures are logged at DEBUG only."""
-    while True:
-        try:
-            await store.listen_releases(on_release, keepalive_s=keepalive_s)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.debug("release listener of node %s failed: %r", node_id, exc)
-        await clock.sleep(retry_delay())

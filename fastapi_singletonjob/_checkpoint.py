@@ -1,6 +1,6 @@
 """Checkpoints: a job's progress, stored next to its lock and written only by its leader.
 
-One Redis hash per job (``_keys.job_key``, kind ``checkpoint``), every field a string, a field
+One Redis hash per job (``_store.keys.job_key``, kind ``checkpoint``), every field a string, a field
 that is None left out:
 
 =====================  ====================================================================
@@ -20,8 +20,8 @@ A hash of strings rather than one JSON document, because Lua's cjson would round
 (16 digits) and tokens to 14 significant digits and cannot tell ``[]`` from ``{}``; as
 strings, every value comes back exactly as written.
 
-Writes are fenced: ``_scripts.RECORD_RUN`` and ``_scripts.SAVE_STATE`` write only while the
-job's lock holds a value of the caller's term, checked inside Redis (``_checkpoint_store.py``
+Writes are fenced: ``_store.redis.scripts.RECORD_RUN`` and ``_store.redis.scripts.SAVE_STATE`` write only while the
+job's lock holds a value of the caller's term, checked inside Redis (``_store/checkpoints.py``
 has both stores' halves). Each sets the record's TTL to the checkpoint retention, and every
 renewal of the lock by ``ELECT`` pushes it back, so that only the record of a job no node
 leads any more expires. ``MemoryLeaseStore`` does the same on its injected clock.
@@ -43,8 +43,8 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 from ._errors import ConfigurationError
-from ._lease import MAX_TOKEN
-from ._state import Outcome
+from ._lock_value import MAX_TOKEN
+from ._outcomes import Outcome
 
 if TYPE_CHECKING:
     pass

@@ -19,10 +19,10 @@ from typing import TextIO
 
 from redis.exceptions import RedisError
 
-from ._cluster_view import ClusterStatus
-from ._control_store import DEFAULT_CONTROL_TIMEOUT_S
 from ._errors import ConfigurationError, JobNotFound
-from ._jobs import SingletonJobs
+from ._singletonjobs import SingletonJobs
+from ._store.controls import DEFAULT_CONTROL_TIMEOUT_S
+from ._web.cluster_view import ClusterStatus
 
 __all__ = ["EXIT_ERROR", "EXIT_NO_JOB", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
 

@@ -69,3 +69,17 @@ class JobNotFound(UsageError, KeyError):
 
 class LeadershipLost(_JobError):
     """This node's term of the job has ended (its lease ran out or another node holds it)."""
+
+
+class StoreReadOnly(ConnectionError):
+    """The store refuses the writes an election needs: it is a replica, not the primary.
+
+    A ``ConnectionError``, so that callers that retry connection failures retry this too; a
+    type of its own, so that they can say what to fix.
+    """
+
+
+class StoreMismatch(ConnectionError):
+    """The server is not the kind the store was set up for: a Redis Cluster node reached
+    through a single-Redis URL or client, or the reverse. A ``ConnectionError`` like
+    ``StoreReadOnly``: the election retries it, readiness shows it."""

@@ -45,10 +45,10 @@ try:  # the API's stand-in until an SDK sets a provider (a private name: guarded
 except ImportError:  # pragma: no cover - another opentelemetry-api layout
     _ProxyMeterProvider = metrics.NoOpMeterProvider  # type: ignore[assignment,misc]
 
-from ._state import DropReason, Outcome
+from ._outcomes import DropReason, Outcome
 
 if TYPE_CHECKING:
-    from ._context import JobContext
+    from ._job.context import JobContext
 
 __all__ = ["NOT_LEADER", "Telemetry"]
 

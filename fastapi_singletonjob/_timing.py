@@ -3,13 +3,7 @@ on, and when to try the next round. No clock reads, no I/O: tested from tables."
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from ._lease import Lease
-
 __all__ = [
-    "asks_about",
-    "soonest_end_s",
     "CLOCK_RATE_ERROR",
     "MARGIN_FRACTION",
     "MIN_MARGIN_S",
@@ -91,41 +85,6 @@ def next_attempt_delay(
         return heartbeat_s
     base = min(max_backoff_s, heartbeat_s * 2.0 ** min(failures, 30))
     return base * (0.5 + 0.5 * jitter)
-
-
-def soonest_end_s(leases: Iterable[Lease], now: float, round_trip_s: float) -> float | None:
-    """Seconds until the soonest end of a lease held by another node that this node competes
-    for, each as its latest reply showed it less the time since (the round trip aside: a
-    lease seen in the round just ended counts whole), or None."""
-    left = [
-        lease.holder_ttl_s - max(0.0, now - lease.observed_at - round_trip_s)
-        for lease in leases
-        if lease.token is None
-        and lease.wanted
-        and lease.rest_until <= now
-        and lease.holder is not None
-        and lease.holder_ttl_s is not None
-        and lease.observed_at is not None
-    ]
-    return min(left) if left else None
-
-
-def asks_about(
-    holder: str | None,
-    observed_at: float | None,
-    holder_ttl_s: float | None,
-    now: float,
-    heartbeat_s: float,
-) -> bool:
-    """Whether a follower asks about a job in this round: when its lock is free or unknown,
-    or when the holder's lease, as last seen (``holder_ttl_s`` left at ``observed_at``), may
-    end before the next round. A lock held elsewhere with time to spare is left out: its
-    holder renews it, a release is pushed (the round after a notice asks about every job),
-    and the next round, within a heartbeat, asks early enough to wake at its end. So
-    followers do not make Redis look at every job every heartbeat."""
-    if holder is None or observed_at is None or holder_ttl_s is None:
-        return True
-    return observed_at + holder_ttl_s <= now + 1.1 * heartbeat_s
 
 
 def leaderless_s(

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pytest
 from servers import RedisServerFactory
 
-from fastapi_singletonjob._batch import Batcher
-from fastapi_singletonjob._redis_store import RedisLeaseStore
-from fastapi_singletonjob._store import LeaseRequest
+from fastapi_singletonjob._store.base import LeaseRequest
+from fastapi_singletonjob._store.redis.batch import Batcher
+from fastapi_singletonjob._store.redis.store import RedisLeaseStore
 
 
 class Sender:

@@ -57,16 +57,10 @@ from process_fleet import EXIT_S, POLL_S, STARTUP_S, ProcessFleet
 from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
-from fastapi_singletonjob import (
-    Checkpoint,
-    ConfigurationError,
-    Cron,
-    JobContext,
-    SingletonJobs,
-    _keys,
-    _scripts,
-)
+from fastapi_singletonjob import Checkpoint, ConfigurationError, Cron, JobContext, SingletonJobs
 from fastapi_singletonjob._checkpoint import DEFAULT_MAX_STATE_BYTES
+from fastapi_singletonjob._store import keys as _keys
+from fastapi_singletonjob._store.redis import scripts as _scripts
 
 pytestmark = pytest.mark.redis
 

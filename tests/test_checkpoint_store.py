@@ -24,7 +24,6 @@ from redis.crc import key_slot
 from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
-from fastapi_singletonjob import _keys
 from fastapi_singletonjob._checkpoint import (
     DEFAULT_MAX_STATE_BYTES,
     MAX_ERROR_CHARS,
@@ -36,14 +35,11 @@ from fastapi_singletonjob._checkpoint import (
 )
 from fastapi_singletonjob._clock import SystemClock
 from fastapi_singletonjob._errors import ConfigurationError
-from fastapi_singletonjob._redis_store import RedisLeaseStore
-from fastapi_singletonjob._state import Outcome
-from fastapi_singletonjob._store import (
-    CheckpointStore,
-    LeaseRequest,
-    LeaseStore,
-    MemoryLeaseStore,
-)
+from fastapi_singletonjob._outcomes import Outcome
+from fastapi_singletonjob._store import keys as _keys
+from fastapi_singletonjob._store.base import CheckpointStore, LeaseRequest, LeaseStore
+from fastapi_singletonjob._store.memory import MemoryLeaseStore
+from fastapi_singletonjob._store.redis.store import RedisLeaseStore
 
 JOB = "export"
 TTL_S = 5.0

@@ -30,7 +30,7 @@ from fastapi_singletonjob import (
     SingletonJobError,
     SingletonJobs,
 )
-from fastapi_singletonjob._config import min_lock_expiry_s
+from fastapi_singletonjob._config.settings import min_lock_expiry_s
 from fastapi_singletonjob._timing import lease_deadline
 
 LOGGER = "fastapi_singletonjob"

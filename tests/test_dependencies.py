@@ -28,14 +28,9 @@ from fastapi import (
 )
 from waiting import wait_until
 
-from fastapi_singletonjob import (
-    ConfigurationError,
-    JobContext,
-    Outcome,
-    SingletonJobs,
-    _dependencies,
-)
-from fastapi_singletonjob._run import JobRunner
+from fastapi_singletonjob import ConfigurationError, JobContext, Outcome, SingletonJobs
+from fastapi_singletonjob._job import dependencies as _dependencies
+from fastapi_singletonjob._run.runner import JobRunner
 from fastapi_singletonjob.testing import FakeClock
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)

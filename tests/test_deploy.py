@@ -19,9 +19,9 @@ from fastapi.routing import APIRoute
 
 from example_app.__main__ import GRACEFUL_SHUTDOWN_S
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._config import ENV_PREFIX, Settings
-from fastapi_singletonjob._election import Elector
-from fastapi_singletonjob._engine import CANCEL_GRACE_S
+from fastapi_singletonjob._config.settings import ENV_PREFIX, Settings
+from fastapi_singletonjob._election.elector import Elector
+from fastapi_singletonjob._engine.engine import CANCEL_GRACE_S
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -55,7 +55,7 @@ from fastapi import FastAPI
 from starlette.applications import Starlette
 
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._config import ENV_PREFIX, Settings
+from fastapi_singletonjob._config.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -9,16 +9,16 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
 
-from fastapi_singletonjob._election import Elector
-from fastapi_singletonjob._lease import Lease
-from fastapi_singletonjob._store import (
+from fastapi_singletonjob._election.elector import Elector
+from fastapi_singletonjob._election.lease import Lease
+from fastapi_singletonjob._store.base import (
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
     LeaseReply,
     LeaseRequest,
-    MemoryLeaseStore,
     ReleaseListener,
 )
+from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob._timing import lease_deadline, next_attempt_delay, until_beat_s
 from fastapi_singletonjob.testing import FakeClock
 

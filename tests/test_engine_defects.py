@@ -16,16 +16,16 @@ from waiting import wait_until
 
 from fastapi_singletonjob import JobContext, SingletonJobs
 from fastapi_singletonjob._clock import SystemClock
-from fastapi_singletonjob._election import Elector
-from fastapi_singletonjob._lease import Lease
-from fastapi_singletonjob._store import (
+from fastapi_singletonjob._election.elector import Elector
+from fastapi_singletonjob._election.lease import Lease
+from fastapi_singletonjob._store.base import (
     DEFAULT_KEEPALIVE_S,
     LeaseReply,
     LeaseRequest,
-    MemoryLeaseStore,
     ReleaseListener,
 )
-from fastapi_singletonjob._store import LeaseStore as LeaseStoreLike
+from fastapi_singletonjob._store.base import LeaseStore as LeaseStoreLike
+from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob.testing import FakeClock
 
 

@@ -27,9 +27,9 @@ from starlette.applications import Starlette
 from waiting import wait_until
 
 from fastapi_singletonjob import JobContext, SingletonJobs
-from fastapi_singletonjob._election import Elector
-from fastapi_singletonjob._engine import Engine
-from fastapi_singletonjob._store import MemoryLeaseStore
+from fastapi_singletonjob._election.elector import Elector
+from fastapi_singletonjob._engine.engine import Engine
+from fastapi_singletonjob._store.memory import MemoryLeaseStore
 
 Message = MutableMapping[str, Any]
 

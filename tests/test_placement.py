@@ -9,9 +9,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from fastapi_singletonjob._lease import Lease
-from fastapi_singletonjob._membership import MemberRecord, Membership, jobs_digest
-from fastapi_singletonjob._placement import Candidate, Placement, Spreader, rank
+from fastapi_singletonjob._election.lease import Lease
+from fastapi_singletonjob._election.placement import Candidate, Placement, Spreader, rank
+from fastapi_singletonjob._store.membership import MemberRecord, Membership, jobs_digest
 from fastapi_singletonjob.testing import FakeClock
 
 JOBS = [f"job-{i}" for i in range(200)]

@@ -10,7 +10,7 @@ from fake_nodes import stop
 from test_runner import Factory, clock, engine, make
 
 from fastapi_singletonjob import DropReason, JobContext
-from fastapi_singletonjob._engine import Engine
+from fastapi_singletonjob._engine.engine import Engine
 from fastapi_singletonjob.testing import FakeClock
 
 __all__ = ["clock", "make"]  # fixtures

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from waiting import wait_until
 
 from fastapi_singletonjob import ConfigurationError, JobContext, SingletonJobs
-from fastapi_singletonjob._redact import redact_url
+from fastapi_singletonjob._config.redact import redact_url
 
 SECRET = "Qz7wvKp3rt"
 """The secret of most rows; where a URL splits it, ``HEAD`` and ``TAIL`` are its pieces."""

@@ -23,11 +23,11 @@ from test_redis_acl import documented_acl
 from waiting import wait_until
 
 from fastapi_singletonjob import ConfigurationError, SingletonJobs
-from fastapi_singletonjob._cluster_url import seed_urls
-from fastapi_singletonjob._keys import job_key, release_channel
-from fastapi_singletonjob._redis_cluster import ClusterLeaseStore
-from fastapi_singletonjob._status import readiness
-from fastapi_singletonjob._store import LeaseRequest
+from fastapi_singletonjob._config.cluster_url import seed_urls
+from fastapi_singletonjob._store.base import LeaseRequest
+from fastapi_singletonjob._store.keys import job_key, release_channel
+from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore
+from fastapi_singletonjob._web.status import readiness
 
 pytestmark = pytest.mark.redis
 

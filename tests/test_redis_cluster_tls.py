@@ -25,7 +25,7 @@ from test_redis_tls import PREFIX, serve, tls_error_reported, write_pems
 from waiting import wait_until
 
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._keys import job_key
+from fastapi_singletonjob._store.keys import job_key
 
 pytestmark = pytest.mark.redis
 

@@ -19,8 +19,9 @@ from node_proc import Run, max_concurrent, overlap_s, tokens_in_order
 from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
-from fastapi_singletonjob import JobContext, Outcome, SingletonJobs, _keys
-from fastapi_singletonjob._lease import Lease
+from fastapi_singletonjob import JobContext, Outcome, SingletonJobs
+from fastapi_singletonjob._election.lease import Lease
+from fastapi_singletonjob._store import keys as _keys
 
 pytestmark = pytest.mark.redis
 

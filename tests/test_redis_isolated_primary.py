@@ -21,8 +21,8 @@ from servers import HOST, RedisServerFactory
 from waiting import wait_until
 
 from fastapi_singletonjob import JobContext, SingletonJobs
-from fastapi_singletonjob._status import readiness
 from fastapi_singletonjob._timing import lease_deadline
+from fastapi_singletonjob._web.status import readiness
 
 pytestmark = pytest.mark.redis
 

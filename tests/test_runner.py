@@ -14,7 +14,7 @@ import pytest
 from fake_nodes import stop
 
 from fastapi_singletonjob import DropReason, JobContext, Outcome, SingletonJobs
-from fastapi_singletonjob._engine import Engine
+from fastapi_singletonjob._engine.engine import Engine
 from fastapi_singletonjob.testing import FakeClock
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)

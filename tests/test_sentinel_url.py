@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fastapi_singletonjob import ConfigurationError, SingletonJobs
-from fastapi_singletonjob._sentinel import SentinelAddress, parse_sentinel_url
+from fastapi_singletonjob._config.sentinel_url import SentinelAddress, parse_sentinel_url
 
 SECRET = "Zx9pass"
 

@@ -20,8 +20,8 @@ from process_fleet import STARTUP_S
 from test_failover import Cluster
 from waiting import wait_until
 
-from fastapi_singletonjob import _keys
-from fastapi_singletonjob._placement import rank
+from fastapi_singletonjob._election.placement import rank
+from fastapi_singletonjob._store import keys as _keys
 
 pytestmark = pytest.mark.redis
 

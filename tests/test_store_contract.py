@@ -24,20 +24,15 @@ from redis_cluster import TestCluster
 from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
-from fastapi_singletonjob import _keys
 from fastapi_singletonjob._clock import SystemClock
-from fastapi_singletonjob._control_store import ControlStore
-from fastapi_singletonjob._membership import MemberRecord, Membership
-from fastapi_singletonjob._redis_cluster import ClusterLeaseStore
-from fastapi_singletonjob._redis_store import RedisLeaseStore
-from fastapi_singletonjob._store import (
-    SHOWN_VALUE_CHARS,
-    LeaseReply,
-    LeaseRequest,
-    LeaseStore,
-    MemoryLeaseStore,
-    parse_notice,
-)
+from fastapi_singletonjob._lock_value import SHOWN_VALUE_CHARS
+from fastapi_singletonjob._store import keys as _keys
+from fastapi_singletonjob._store.base import LeaseReply, LeaseRequest, LeaseStore, parse_notice
+from fastapi_singletonjob._store.controls import ControlStore
+from fastapi_singletonjob._store.membership import MemberRecord, Membership
+from fastapi_singletonjob._store.memory import MemoryLeaseStore
+from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore
+from fastapi_singletonjob._store.redis.store import RedisLeaseStore
 
 TTL_S = 1.0
 TTL_MS = round(TTL_S * 1000)

@@ -18,14 +18,11 @@ from fault_proxy import FaultProxy
 from servers import HOST, RedisServer, RedisServerFactory
 from waiting import wait_until
 
-from fastapi_singletonjob import _keys
-from fastapi_singletonjob._redis_store import DEFAULT_MAX_CONNECTIONS, RedisLeaseStore
-from fastapi_singletonjob._store import (
-    SHOWN_VALUE_CHARS,
-    LeaseRequest,
-    StoreReadOnly,
-    parse_lock_value,
-)
+from fastapi_singletonjob._errors import StoreReadOnly
+from fastapi_singletonjob._lock_value import SHOWN_VALUE_CHARS, parse_lock_value
+from fastapi_singletonjob._store import keys as _keys
+from fastapi_singletonjob._store.base import LeaseRequest
+from fastapi_singletonjob._store.redis.store import DEFAULT_MAX_CONNECTIONS, RedisLeaseStore
 
 pytestmark = pytest.mark.redis
 

@@ -11,7 +11,7 @@ from fake_nodes import kill
 from test_spread import EXPIRY_S, HEARTBEAT_S, JOBS, cluster, leaders, run_for, three_settled
 
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._store import LeaseReply, LeaseRequest
+from fastapi_singletonjob._store.base import LeaseReply, LeaseRequest
 
 __all__ = ["cluster"]  # the fixture, used by name
 

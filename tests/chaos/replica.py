@@ -48,7 +48,7 @@ import redis.asyncio
 from fastapi import FastAPI
 
 from fastapi_singletonjob import DropReason, JobContext, SingletonJobs
-from fastapi_singletonjob._run import JobRunner
+from fastapi_singletonjob._run.runner import JobRunner
 
 __all__ = [
     "CONFIG_ENV",

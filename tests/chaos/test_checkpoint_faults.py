@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from fastapi_singletonjob import _keys
+from fastapi_singletonjob._store import keys as _keys
 
 from .checker import Event, max_concurrent, overlap_s
 from .harness import TOL_S, Cluster, Results, Timing, now, reps

@@ -20,7 +20,7 @@ from redis_cluster import Run, TestCluster, ticking_node
 from waiting import wait_until
 
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._keys import job_key, release_channel
+from fastapi_singletonjob._store.keys import job_key, release_channel
 
 from .harness import Results
 

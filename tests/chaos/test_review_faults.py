@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import redis
 
-from fastapi_singletonjob import _keys
+from fastapi_singletonjob._store import keys as _keys
 
 from .checker import Run, duplicates, max_concurrent, missed_instants
 from .harness import (

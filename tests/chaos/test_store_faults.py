@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from fastapi_singletonjob import _keys
+from fastapi_singletonjob._store import keys as _keys
 
 from .checker import (
     duplicates,

@@ -62,13 +62,14 @@ from typing import Any, Literal, TypeVar
 from opentelemetry import metrics, trace
 
 from fastapi_singletonjob._checkpoint import Checkpoint
-from fastapi_singletonjob._config import Settings
-from fastapi_singletonjob._context import JobContext
-from fastapi_singletonjob._engine import Engine
-from fastapi_singletonjob._job import JobSpec
-from fastapi_singletonjob._lease import Lease, is_lock_value
+from fastapi_singletonjob._config.settings import Settings
+from fastapi_singletonjob._election.lease import Lease
+from fastapi_singletonjob._engine.engine import Engine
+from fastapi_singletonjob._job.context import JobContext
+from fastapi_singletonjob._job.spec import JobSpec
+from fastapi_singletonjob._lock_value import is_lock_value
 from fastapi_singletonjob._schedule import Cron, FixedRate, Interval, Schedule
-from fastapi_singletonjob._store import (
+from fastapi_singletonjob._store.base import (
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
     LeaseReply,

@@ -1,0 +1,418 @@
+"""Leader election: one loop per process keeps the leases of all its jobs.
+
+Every heartbeat, one call to the lease store acquires the free locks and renews the held ones
+(one round trip for all jobs). A node counts itself leader of a job only until the lease it
+last confirmed would run out, measured on the monotonic clock from when the request was *sent*,
+less a safety margin; the loop wakes at that deadline to end the term even when the store does
+not answer, and every call is bounded by the time left. Losing leadership is a normal state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from .._aio import Alarm, within
+from .._checkpoint import to_unix_us
+from .._clock import Clock
+from .._lock_value import OWNER_SEPARATOR
+from .._store.base import LeaseReply, LeaseRequest, LeaseStore, ReleaseListener
+from .._telemetry import Telemetry
+from .._timing import call_timeout_s, next_attempt_delay
+from .interest import Watch, soonest_end_s
+from .lease import Lease
+from .placement import Spreader
+from .terms import Terms
+
+__all__ = ["Elector"]
+
+logger = logging.getLogger("fastapi_singletonjob.election")
+
+
+class Elector:
+    """Runs the election rounds for all leases of one node."""
+
+    def __init__(
+        self,
+        *,
+        store: LeaseStore,
+        node_id: str,
+        leases: Sequence[Lease],
+        heartbeat_s: float,
+        max_backoff_s: float,
+        clock: Clock,
+        rng: Callable[[], float] = random.random,
+        telemetry: Telemetry | None = None,
+        placement: Literal["spread", "first"] = "first",
+        settle_s: float | None = None,
+    ) -> None:
+        self._store = store
+        self.node_id = node_id
+        # The identity written into locks: the node id plus a per-instance nonce, so that two
+        # processes configured with the same node id can never both believe they hold a lock.
+        self.owner = f"{node_id}{OWNER_SEPARATOR}{secrets.token_hex(4)}"
+        self._telemetry = telemetry or Telemetry(node_id)
+        self.terms = Terms(
+            leases, node_id=node_id, owner=self.owner, clock=clock, telemetry=self._telemetry
+        )
+        self.leases = self.terms.leases
+        self._heartbeat_s = heartbeat_s
+        ttls = [lease.ttl_s for lease in self.leases.values()] or [heartbeat_s]
+        self._shortest_ttl_s, self._longest_ttl_s = min(ttls), max(ttls)
+        self._max_backoff_s = max_backoff_s
+        self._clock = clock
+        self._rng = rng
+        self._phase = rng()  # where in each heartbeat this node's rounds fall
+        self._wake = Alarm(clock)
+        """Rung when a node released locks: run a round now."""
+        self._deadlines_moved = Alarm(clock)
+        """Rung when a deadline moved or a run may wait on ``leadership_lost``: the watchdog
+        recomputes its sleep."""
+        self._notice_at: float | None = None
+        self.failures = 0
+        self.last_error: str | None = None
+        self.last_success_at: float | None = None
+        """Monotonic time the last successful round was sent."""
+        self.last_round_at: float | None = None
+        """Monotonic time the loop last finished a round (alive or not, it came back)."""
+        self.round_trip_s: float | None = None
+        self._members = Spreader(
+            node_id,
+            membership=lambda: getattr(store, "membership", None),
+            settle_s=self._longest_ttl_s if settle_s is None else settle_s,
+            heartbeat_s=heartbeat_s,
+            clock=clock,
+        )
+        """The placement order of each job: who leads it with ``placement="spread"``, and
+        with either placement who watches it while another node holds it."""
+        self._spread = self._members if placement == "spread" else None
+        self._watch = Watch(
+            list(self.leases),
+            spreader=self._members,
+            heartbeat_s=heartbeat_s,
+            shortest_ttl_s=self._shortest_ttl_s,
+            clock=clock,
+        )
+
+    # -- queries --------------------------------------------------------------------------
+
+    def is_leader(self, job: str, token: int | None = None) -> bool:
+        """True while this node's lease of ``job`` (of term ``token``, if given) is valid."""
+        return self.terms.is_leader(job, token)
+
+    async def claim(self, job: str, token: int, instant_us: int) -> int | None:
+        """Claim ``job``'s instant for this node's term ``token`` (see ``LeaseStore.claim``);
+        None when the store did not answer within the time left on the lease."""
+        lease = self.leases[job]
+        left = lease.deadline - self._clock.monotonic()
+        if lease.token != token or lease.value is None or left <= 0:
+            return -1
+        try:
+            # Bounded by the lease alone: claims that fire together queue for a connection,
+            # and a claim retried after a lost reply is recognised as this term's own.
+            return await within(self._store.claim(job, lease.value, instant_us), left)
+        except Exception as exc:
+            logger.warning(
+                "node %s could not claim an instant of job %r: %r", self.node_id, job, exc
+            )
+            return None
+
+    def run_started(self, job: str) -> None:
+        """A run of ``job`` started (the watchdog: see ``lost_awaited``)."""
+        self.terms.run_started(job)
+        if self.leases[job].lost_event is not None:
+            self.lost_awaited(job)
+
+    def lost_awaited(self, job: str) -> None:
+        """A run of ``job`` may wait on its term's ``leadership_lost``: while one is in flight,
+        the watchdog checks the deadline every ``WATCH_STEP_S``, so that a suspend cannot
+        delay the signal. Runs that never ask for it cost the watchdog no wake-up."""
+        if not self.terms.watching and self.leases[job].running:
+            self._deadlines_moved.ring()
+
+    def run_ended(self, job: str) -> None:
+        """A run of ``job`` ended: a handover that waited for it (a step-down, a placement
+        move) goes now, in a round at once, not at the next round that falls between runs."""
+        self.terms.run_ended(job)
+        spread = self._spread
+        if self.leases[job].stepping_down or (spread is not None and spread.waits_for(job)):
+            self._wake.ring()
+
+    def retry_now(self) -> None:
+        """Run a round now instead of waiting out the backoff (the store answers again)."""
+        self._wake.ring()
+
+    def wake(self, jobs: frozenset[str] | None = None) -> None:
+        """Run a round now: ``jobs`` were released somewhere (None: a control changed, or the
+        notice named no job), and the round asks about them, whatever their seen leases."""
+        self._notice_at = self._clock.monotonic()
+        if jobs is None:
+            self._watch.everything()
+        else:
+            self._watch.notice(jobs)
+        self._wake.ring()
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Run election rounds until cancelled; set ``ready`` once the loop is going."""
+        helpers = [
+            asyncio.create_task(
+                listen_for_releases(
+                    self._store,
+                    self.wake,
+                    # Within two lease times a silently dead connection is an error and is
+                    # replaced, so handovers stay pushed instead of degrading to polling; not
+                    # tighter, or a slow link (a round trip above a heartbeat) would
+                    # reconnect in a loop.
+                    keepalive_s=self._longest_ttl_s,
+                    retry_delay=self._listener_delay,
+                    clock=self._clock,
+                    node_id=self.node_id,
+                ),
+                name=f"singletonjob {self.node_id} release listener",
+            ),
+            asyncio.create_task(
+                self._watch_deadlines(), name=f"singletonjob {self.node_id} lease deadlines"
+            ),
+        ]
+        try:
+            if ready is not None:
+                ready.set()
+            while True:
+                delay = await self.round()
+                await self._wake.wait(delay)  # or at a notice; terms end at their deadlines
+        finally:
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
+
+    async def _watch_deadlines(self) -> None:
+        # Ends each term at its deadline even while a round is waiting on a slow store, so
+        # that runs with on_leadership_lost="cancel" stop on time, whatever the round does.
+        # Woken whenever a deadline moves: a term that starts from a slow reply has a deadline
+        # sooner than the sleep computed before it.
+        while True:
+            await self._deadlines_moved.wait(self.terms.watch_step_s(self._heartbeat_s))
+
+    async def round(self) -> float:
+        """One acquire-or-renew round for all leases; returns the delay until the next."""
+        self.terms.expire()
+        now = self._clock.monotonic()
+        self._members.refresh(self.leases)
+        self._watch.begin(self.failures)  # which jobs held elsewhere it asks about (_watch)
+        resting = {job for job, lease in self.leases.items() if self._rests(lease, now)}
+        requests = [
+            LeaseRequest(
+                lease.job,
+                lease.ttl_s,
+                lease.value if lease.token is not None else None,
+                lease.retention_s,
+                lease.token is not None
+                or (
+                    lease.job not in resting and (self._spread is None or self._spread.take(lease))
+                ),
+            )
+            for lease in self.leases.values()
+            if lease.wanted
+            and (self.terms.acquiring or lease.token is not None)
+            and (lease.token is not None or self._competes(lease, now, lease.job in resting))
+        ]
+        holders = {request.job: self.leases[request.job].holder for request in requests}
+        sent_at = self._clock.monotonic()
+        timeout_s = call_timeout_s(self._longest_ttl_s, self._heartbeat_s)
+        try:
+            # A node with a membership record renews it in every round, jobs or not.
+            if requests or getattr(self._store, "membership", None) is not None:
+                replies = await within(self._store.elect(self.owner, requests), timeout_s)
+            else:  # no job to elect: still find out whether the store answers
+                await within(self._store.ping(), timeout_s)
+                replies = []
+        except Exception as exc:  # any failure of the store is retried with backoff
+            self._telemetry.election_round(self._clock.monotonic() - sent_at, exc)
+            self._on_failure(exc)
+        else:
+            self._telemetry.election_round(self._clock.monotonic() - sent_at, None)
+            self._on_success(sent_at, replies)
+        finally:
+            self.last_round_at = self._clock.monotonic()
+        resigned = [x.job for x in self.leases.values() if not x.wanted and x.value is not None]
+        if resigned:
+            await self.release(resigned)
+        self._members.refresh(self.leases)
+        if self._spread is not None:
+            self._spread.observed(self.leases, holders)
+        await self._hand_over()
+        if self._spread is not None:
+            looked_at = {
+                request.job: holders[request.job]
+                for request in requests
+                if not request.take and request.job not in resting
+            }
+            if self.failures == 0 and self._spread.wants_round(self.leases, looked_at):
+                return 0.0  # a free lock this round only looked at is this node's now
+        self.terms.expire()
+        # Rounds are spaced from send to send: on a link whose round trip is a large part of a
+        # heartbeat, a pause counted from the reply would space renewals by the round trip plus
+        # a heartbeat, and a lease whose deadline comes before the next reply would lapse.
+        return max(0.0, self._delay(sent_at) - (self._clock.monotonic() - sent_at))
+
+    def _rests(self, lease: Lease, now: float) -> bool:
+        """Whether this node stays out of ``lease``'s election: for one lock expiry after it
+        handed the job over, unless it was a placement move and this node is now preferred."""
+        spread = self._spread
+        return lease.rest_until > now and not (spread is not None and spread.back_in(lease.job))
+
+    def _competes(self, lease: Lease, now: float, resting: bool) -> bool:
+        """Whether a follower asks about ``lease`` in this round: while it rests, only to
+        look (never to take) until it sees who took the job over, so that placement counts
+        that node's jobs right; else as ``Watch.asks`` decides."""
+        if resting:
+            return lease.holder is None
+        return self._watch.asks(lease, now)
+
+    async def _hand_over(self) -> None:
+        """Release, between runs, the jobs an operator asked this node to step down from and,
+        with ``placement="spread"``, those a less busy node is preferred for: the others take
+        each over at the notice, and this node stays out of their election for one lock
+        expiry, so that another node, not this one, takes it."""
+        jobs = []
+        for lease in self.leases.values():
+            if lease.stepping_down and not lease.running:
+                lease.stepping_down = False
+                if lease.token is not None:
+                    jobs.append(lease.job)
+        if self._spread is not None:
+            for job in self._spread.to_hand_over(self.leases):
+                preferred = self._spread.placement.preferred(job)
+                logger.info("node %s hands job %r over to node %s", self.node_id, job, preferred)
+                jobs.append(job)
+        for job in jobs:
+            self.leases[job].rest_until = self._clock.monotonic() + self.leases[job].ttl_s
+        if jobs:
+            await self.release(jobs)
+
+    def _on_success(self, sent_at: float, replies: list[LeaseReply]) -> None:
+        if self.failures:
+            logger.info(
+                "node %s reaches the lease store again after %d failed rounds",
+                self.node_id,
+                self.failures,
+            )
+        self.failures = 0
+        self.last_error = None
+        self.last_success_at = sent_at
+        self.round_trip_s = self._clock.monotonic() - sent_at
+        self.terms.apply(replies, sent_at, self._notice_at)
+        self._deadlines_moved.ring()
+
+    def _on_failure(self, exc: BaseException) -> None:
+        self.failures += 1
+        self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        log = logger.warning if self.failures == 1 else logger.debug
+        log(
+            "node %s cannot reach the lease store (attempt %d): %s",
+            self.node_id,
+            self.failures,
+            self.last_error,
+        )
+
+    def _delay(self, sent_at: float) -> float:
+        leading = any(lease.token is not None for lease in self.leases.values())
+        now, rtt = self._clock.monotonic(), self.round_trip_s or 0.0
+        return next_attempt_delay(
+            heartbeat_s=self._heartbeat_s,
+            max_backoff_s=self._max_backoff_s,
+            failures=self.failures,
+            leading=leading,
+            holder_ttl_s=soonest_end_s(filter(self._watch.watches, self.leases.values()), now, rtt),
+            jitter=self._rng(),
+            sent_at=sent_at,
+            phase=self._phase,
+        )
+
+    def _listener_delay(self) -> float:
+        # A heartbeat, no backoff: a subscription attempt is a connection, cheap for Redis,
+        # and its success wakes the election out of its own backoff when Redis is back.
+        return self._heartbeat_s * (0.5 + 0.5 * self._rng())
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    async def resign(self, jobs: Sequence[str]) -> None:
+        """Stop competing for ``jobs`` for good (their schedule ended or failed, or this node
+        is shutting down) and hand their locks to the other nodes at once."""
+        for job in jobs:
+            self.leases[job].wanted = False
+        await self.release(jobs)
+
+    async def release(self, jobs: Sequence[str] | None = None, timeout_s: float = 2.0) -> int:
+        """Release the locks this node holds (of ``jobs``, default all) and notify the others.
+
+        Local leadership ends first, so no run starts on a lock being handed over. Errors are
+        logged, not raised: an unreleased lock simply expires.
+        """
+        values: dict[str, str] = {}
+        last_us: dict[str, int] = {}
+        for lease in self.leases.values():
+            if (jobs is None or lease.job in jobs) and lease.value is not None:
+                if lease.token is not None:
+                    self.terms.end(lease, None)
+                values[lease.job] = lease.value
+                if lease.last_started is not None:
+                    last_us[lease.job] = to_unix_us(lease.last_started)
+        if not values:
+            return 0
+        sent_at = self._clock.monotonic()
+        try:
+            released = await within(self._store.release(self.owner, values, last_us), timeout_s)
+        except Exception as exc:
+            logger.warning(
+                "node %s could not release its locks (%s); they expire on their own: %r",
+                self.node_id,
+                ", ".join(values),
+                exc,
+            )
+            return 0
+        for job in values:
+            self.leases[job].value = None
+            self.terms.freed(job, sent_at)
+        jobs_text = ", ".join(values)
+        if released == len(values):
+            logger.info("node %s released leadership of %s", self.node_id, jobs_text)
+        else:  # a lock that expired or was taken over meanwhile is not deleted
+            logger.info(
+                "node %s released %d of its locks (%s); the others were no longer its own",
+                self.node_id,
+                released,
+                jobs_text,
+            )
+        return released
+
+
+async def listen_for_releases(
+    store: LeaseStore,
+    on_release: ReleaseListener,
+    *,
+    keepalive_s: float,
+    retry_delay: Callable[[], float],
+    clock: Clock,
+    node_id: str,
+) -> None:
+    """Keep a release subscription up until cancelled: resubscribe ``retry_delay()`` seconds
+    after it failed. The subscription is an optimisation (polling goes on meanwhile), so
+    failures are logged at DEBUG only."""
+    while True:
+        try:
+            await store.listen_releases(on_release, keepalive_s=keepalive_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.debug("release listener of node %s failed: %r", node_id, exc)
+        await clock.sleep(retry_delay())

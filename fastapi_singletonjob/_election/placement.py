@@ -1,0 +1,325 @@
+"""Placement: which live node should lead each job, so that leadership spreads over the
+replicas (``placement="spread"``) and a join or a leave moves only the jobs it must.
+
+Every node computes the same answer from the same membership: for each job, the nodes that
+registered it are ranked by rendezvous hashing (highest ``hash(job, node)`` first), and the
+first of them leads. Adding a node moves only the jobs it now ranks first for (about 1/N of
+them); removing one moves only its own. A node that has just joined is not preferred until it
+has kept its membership for ``settle_s`` (about one lock expiry), so that a pod in a crash loop
+does not pull jobs back and forth; when no node has settled yet (a cold start), every live
+node counts.
+
+The election uses the answer two ways. A node takes a free lock at once only for a job it is
+preferred for (or one no live node prefers); for the others it leaves the preferred node a
+heartbeat first (unless that node let the lock go itself), so a pushed release goes to the
+right node and replicas started together take their own jobs. And a node that leads a job
+preferred elsewhere hands it over between runs when the preferred node leads at least two jobs
+fewer, at most ``moves_per_round`` (or half its excess over its fair share) per round, so that
+a join does not empty a node in one heartbeat and a balanced cluster does not move at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .._lock_value import node_of
+from .lease import Lease
+
+if TYPE_CHECKING:
+    from .._clock import Clock
+    from .._store.membership import Membership
+
+__all__ = [
+    "Candidate",
+    "Placement",
+    "Spreader",
+    "rank",
+]
+
+DEFAULT_MOVES_PER_ROUND = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A live node as placement sees it."""
+
+    node_id: str
+    jobs: frozenset[str]
+    """The jobs it registered and runs (enabled)."""
+    settled: bool
+    """Whether it has kept its membership long enough to be preferred."""
+
+
+def _weight(job: str, node_id: str) -> int:
+    digest = hashlib.blake2b(f"{job}\0{node_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rank(job: str, node_ids: Iterable[str]) -> list[str]:
+    """``node_ids`` in ``job``'s order of preference (rendezvous hashing; ties, which need
+    equal 64-bit hashes, by id)."""
+    return sorted(node_ids, key=lambda node: (-_weight(job, node), node))
+
+
+class Placement:
+    """One node's view of who should lead what, rebuilt from each membership it reads."""
+
+    __slots__ = ("_fair", "_live", "_moves", "_node_id", "_order")
+
+    def __init__(self, node_id: str, *, moves_per_round: int = DEFAULT_MOVES_PER_ROUND) -> None:
+        if moves_per_round < 1:
+            raise ValueError(f"moves_per_round={moves_per_round!r} must be at least 1")
+        self._node_id = node_id
+        self._moves = moves_per_round
+        self._order: dict[str, tuple[str, ...]] = {}
+        """Job -> its first two nodes: the settled ones in rank order, then the others."""
+        self._fair = 0
+        """This node's fair share: its jobs over the nodes that may lead them, rounded up."""
+        self._live: frozenset[str] = frozenset()
+        """The live nodes of the last update."""
+
+    def update(self, candidates: Iterable[Candidate], jobs: Iterable[str]) -> None:
+        """Recompute the preferred node of each of ``jobs`` (this node's) from the live
+        ``candidates`` (this node among them, or not yet)."""
+        live = list(candidates)
+        settled = [candidate for candidate in live if candidate.settled] or live
+        later = [candidate for candidate in live if candidate not in settled]
+        self._order = {}
+        for job in jobs:
+            order = rank(job, (c.node_id for c in settled if job in c.jobs))[:2]
+            if len(order) < 2:  # only unsettled nodes run it: any live one will do
+                order += rank(job, (c.node_id for c in later if job in c.jobs))[: 2 - len(order)]
+            if order:
+                self._order[job] = tuple(order)
+        self._fair = -(-len(self._order) // max(1, len(settled)))
+        self._live = frozenset(candidate.node_id for candidate in live)
+
+    @property
+    def members(self) -> int:
+        """How many live nodes the last update counted (at least 1)."""
+        return max(1, len(self._live))
+
+    def preferred(self, job: str) -> str | None:
+        """The node that should lead ``job``; None when no membership names it."""
+        order = self._order.get(job)
+        return order[0] if order else None
+
+    def watcher(self, job: str, holder: str) -> str | None:
+        """The node that watches ``job``'s lock while ``holder`` holds it: the first node of
+        the job's order that is not the holder (the preferred node, or the next when the
+        preferred node leads); None when the membership names no other node for it, or not
+        the holder (a node gone, or not of this library): then every node watches it."""
+        if holder not in self._live:
+            return None
+        for node in self._order.get(job, ()):
+            if node != holder:
+                return node
+        return None
+
+    def may_take(self, job: str, seen_free_before: bool) -> bool:
+        """Whether this node asks for ``job``'s free lock in this round: at once when it is the
+        preferred node (or none is known), else only once the lock was already free in its
+        previous round (the preferred node had its chance)."""
+        preferred = self.preferred(job)
+        return preferred is None or preferred == self._node_id or seen_free_before
+
+    def to_hand_over(
+        self, led: Iterable[str], idle: Mapping[str, bool], counts: Mapping[str, int]
+    ) -> list[str]:
+        """The jobs this node should hand over now: among those it leads and that have no run
+        in flight (``idle[job]``), each whose preferred node leads at least two jobs fewer
+        than this one (``counts``: jobs led per node id, as this node last saw them), at most
+        ``moves_per_round`` or half its excess over its fair share (a node that took every
+        job on a cold start spreads them in a few rounds), in name order. The margin keeps
+        what is balanced in place: a node that leads one job never hands it over, and
+        leadership settles without moves back and forth."""
+        counts = dict(counts)
+        led = list(led)
+        most = max(self._moves, (len(led) - self._fair) // 2)
+        moving: list[str] = []
+        for job in sorted(led):
+            target = self.preferred(job) or self._node_id
+            if target == self._node_id or not idle.get(job, False):
+                continue
+            if counts.get(self._node_id, 0) <= counts.get(target, 0) + 1:
+                continue
+            moving.append(job)
+            counts[self._node_id] = counts.get(self._node_id, 0) - 1
+            counts[target] = counts.get(target, 0) + 1
+            if len(moving) == most:
+                break
+        return moving
+
+
+class Spreader:
+    """``placement="spread"`` inside one node's election: reads the membership that each
+    ``ELECT`` call brings back (``Membership.peers``), and tells the election which free locks
+    to take, which jobs to hand over, and when a round should come at once."""
+
+    __slots__ = (
+        "_changed_at",
+        "_clock",
+        "_heartbeat_s",
+        "_key",
+        "_let_go",
+        "_membership",
+        "_moved_away",
+        "_waiting",
+        "_node_id",
+        "_placement",
+        "_settle_ms",
+    )
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        membership: Callable[[], Membership | None],
+        settle_s: float,
+        heartbeat_s: float,
+        clock: Clock,
+    ) -> None:
+        self._node_id = node_id
+        self._membership = membership
+        self._settle_ms = settle_s * 1000
+        self._let_go: dict[str, tuple[str, float]] = {}
+        """Job -> the node that let its lock go, and until when (monotonic) that counts."""
+        self._moved_away: set[str] = set()
+        self._waiting: set[str] = set()
+        """The jobs this node handed over for placement and has not led since."""
+        self._heartbeat_s = heartbeat_s
+        self._clock = clock
+        self._placement = Placement(node_id)
+        self._key: tuple[str, frozenset[str]] | None = None
+        self._changed_at = float("-inf")
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
+
+    def refresh(self, leases: Mapping[str, Lease]) -> None:
+        """Recompute the preferences when the members, or which of them have settled,
+        changed since the last call."""
+        member = self._membership()
+        if member is None or member.server_ms is None:
+            return
+        settled = frozenset(
+            owner
+            for owner, (joined_ms, _) in member.peers.items()
+            if joined_ms + self._settle_ms <= member.server_ms
+        )
+        if (member.epoch, settled) == self._key:
+            return
+        self._key = (member.epoch, settled)
+        self._changed_at = self._clock.monotonic()
+        self._let_go.clear()
+        mine = frozenset(job for job, lease in leases.items() if lease.wanted)
+        candidates: dict[str, Candidate] = {}
+        for owner, (_, digest) in sorted(member.peers.items()):
+            node = node_of(owner) or owner
+            jobs = mine if digest == member.digest else frozenset()
+            settled_here = owner in settled or candidates.get(node, _NOBODY).settled
+            candidates[node] = Candidate(node, jobs, settled_here)
+        self._placement.update(candidates.values(), mine)
+
+    def take(self, lease: Lease) -> bool:
+        """Whether this node takes ``lease``'s lock when it is free, in this round: not
+        before its first round told it who the members are (then, at once where it is the
+        preferred node), so that replicas started together do not leave every job to the
+        first one to ask. A lock preferred elsewhere is taken once the preferred node had its
+        chance: the lock was free a heartbeat ago already, or that node let it go itself."""
+        member = self._membership()
+        if member is not None and member.server_ms is None:
+            return False
+        now = self._clock.monotonic()
+        seen_free = (
+            lease.holder is None
+            and lease.observed_at is not None
+            and (
+                now - lease.observed_at >= 0.9 * self._heartbeat_s
+                or self._let_go_by_preferred(lease.job, now)
+            )
+        )
+        return self._placement.may_take(lease.job, seen_free)
+
+    def observed(self, leases: Mapping[str, Lease], holders: Mapping[str, str | None]) -> None:
+        """After a round: note each lock whose holder before the round (``holders``, by node
+        id) let it go (released it, or let it lapse). Until the membership changes, or for one lock
+        expiry at most, that job is not handed back to that node, so that it does not bounce
+        back to a node that is stopping or dead but still a member."""
+        until = self._clock.monotonic() + self._settle_ms / 1000
+        for job, before in holders.items():
+            if leases[job].token is not None:
+                self._moved_away.discard(job)
+            if before not in (None, self._node_id, leases[job].holder):
+                self._let_go[job] = (before, until)
+
+    def watches(self, job: str, holder: str | None) -> bool:
+        """Whether this node keeps an eye on ``job``'s lock held by ``holder`` (a node id;
+        None: free or unknown, which every node watches): it is the job's watcher, or the
+        membership names none (not read yet, or no other node runs the job)."""
+        if holder is None or holder == self._node_id:
+            return True
+        watcher = self._placement.watcher(job, holder)
+        return watcher is None or watcher == self._node_id
+
+    def back_in(self, job: str) -> bool:
+        """Whether this node, having handed ``job`` over for placement, is its preferred
+        node again (the membership changed): it may take the job before its rest ends."""
+        return job in self._moved_away and self._placement.preferred(job) == self._node_id
+
+    def to_hand_over(self, leases: Mapping[str, Lease]) -> list[str]:
+        """The jobs to release now for their preferred nodes (none in the heartbeat after
+        the preferences changed, so that every node has seen the same change; none to a
+        node that just let the job go)."""
+        now = self._clock.monotonic()
+        if now - self._changed_at < self._heartbeat_s:
+            return []
+        led = [
+            job
+            for job, lease in leases.items()
+            if lease.token is not None and lease.wanted and not self._let_go_by_preferred(job, now)
+        ]
+        idle = {
+            job: not (lease.running or lease.stepping_down)
+            for job, lease in leases.items()
+            if lease.token is not None
+        }
+        counts = Counter(
+            lease.holder for lease in leases.values() if lease.wanted and lease.holder is not None
+        )
+        wanted = self._placement.to_hand_over(led, dict.fromkeys(idle, True), counts)
+        moving = [job for job in wanted if idle[job]]
+        self._waiting = {job for job in wanted if not idle[job]}
+        self._moved_away.update(moving)
+        return moving
+
+    def waits_for(self, job: str) -> bool:
+        """Whether a move of ``job`` waits for its run in flight to end (then a round should
+        come at once: a node whose rounds fall in the runs of its jobs must still move them)."""
+        return job in self._waiting
+
+    def _let_go_by_preferred(self, job: str, now: float) -> bool:
+        node, until = self._let_go.get(job, ("", now))
+        return until > now and node == self._placement.preferred(job)
+
+    def wants_round(self, leases: Mapping[str, Lease], looked_at: Mapping[str, str | None]) -> bool:
+        """Whether a free lock that this round only looked at (``looked_at``: job -> its
+        holder before the round) should be taken at once, in a round that comes now: this
+        node is the preferred one now, or the preferred node itself let the lock go (it
+        stopped, or it died and its lock ran out), so that first come is fair."""
+        for job, holder_before in looked_at.items():
+            lease = leases[job]
+            if lease.holder is not None or lease.token is not None:
+                continue
+            preferred = self._placement.preferred(job)
+            if preferred == self._node_id or (preferred is not None and holder_before == preferred):
+                return True
+        return False
+
+
+_NOBODY = Candidate("", frozenset(), False)

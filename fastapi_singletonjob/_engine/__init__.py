@@ -1,0 +1,3 @@
+"""The engine: everything one ``SingletonJobs`` runs, wired, started and stopped in one place, and
+its read-only snapshot.
+"""

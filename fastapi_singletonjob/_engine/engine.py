@@ -1,0 +1,309 @@
+"""The running machinery of one ``SingletonJobs``: built at startup, torn down at shutdown.
+
+Life cycle (``Engine.state``)::
+
+    STARTING ──start()──▶ RUNNING ──stop()──▶ DRAINING ──▶ STOPPED
+        └──────────── a failed start or abort() ───────────────▲
+
+Shutdown order, chosen so that no two nodes ever run a job at once and no job pauses longer
+than it must:
+
+1. stop the timer, so no new run starts;
+2. leave the membership, so that the other nodes place the jobs without this one;
+3. release at once the locks of the jobs with no run in flight, so that other nodes take them
+   over while this one drains;
+4. let runs in flight finish, up to ``shutdown_timeout``, while the election keeps renewing
+   their leases, and release each lock as soon as its run ends;
+5. cancel the runs still going and give them a short grace to end;
+6. stop the election (a lock whose run is stuck in a thread is *not* released: it expires on
+   its own after the run can no longer be ours);
+7. close the store if the library opened it, and the worker threads.
+
+Everything started is registered on one ``AsyncExitStack``: ``stop`` and ``abort`` unwind the
+same stack, so there is one teardown path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from .._aio import abort_all, cancel_and_wait, wait_all, within
+from .._checkpoint import DEFAULT_MAX_STATE_BYTES
+from .._clock import Clock
+from .._config.settings import Settings
+from .._election.elector import Elector
+from .._election.lease import Lease
+from .._job.spec import JobSpec
+from .._run.progress import Progress
+from .._run.runner import JobRunner
+from .._run.ticker import Ticker
+from .._store.membership import VERSION, MemberRecord, Membership
+from .._store.open import Store
+from .._telemetry import Telemetry
+from .snapshot import EngineSnapshot, take
+
+__all__ = ["Engine", "EngineState"]
+
+logger = logging.getLogger("fastapi_singletonjob")
+
+CANCEL_GRACE_S = 5.0
+"""Longest wait for cancelled runs to end at shutdown before giving up on them."""
+LEAVE_TIMEOUT_S = 1.0
+"""Longest wait for the membership record's deletion at shutdown (it expires anyway)."""
+
+
+class EngineState(str, enum.Enum):
+    """Where an engine is in its life cycle."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    """Stopping: no new run starts; runs in flight finish and their leases are still renewed."""
+    STOPPED = "stopped"
+
+
+class Engine:
+    """Election loop, the timer, one runner per enabled job, and their worker threads."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        specs: Sequence[JobSpec],
+        store: Store,
+        clock: Clock,
+        app: object = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.state = EngineState.STARTING
+        self.clock = clock
+        enabled = [spec for spec in specs if spec.enabled]
+        self.telemetry = telemetry or Telemetry(settings.node_id)
+        self.elector = Elector(
+            store=store,
+            node_id=settings.node_id,
+            leases=[
+                Lease(
+                    spec.name,
+                    spec.lock_expiry_s or settings.lock_expiry_s,
+                    settings.checkpoint_retention_s if spec.checkpoint else None,
+                )
+                for spec in enabled
+            ],
+            heartbeat_s=settings.heartbeat_interval_s,
+            max_backoff_s=settings.max_backoff_s,
+            clock=clock,
+            telemetry=self.telemetry,
+            placement=settings.placement,
+        )
+        sync_jobs = sum(1 for spec in enabled if not spec.is_async)
+        # One thread per sync job: a job never has two runs at once, so none ever queues.
+        self._executor = (
+            ThreadPoolExecutor(max_workers=sync_jobs, thread_name_prefix="singletonjob")
+            if sync_jobs
+            else None
+        )
+        self.runners = {
+            spec.name: JobRunner(
+                spec,
+                elector=self.elector,
+                clock=clock,
+                executor=self._executor,
+                app=app,
+                telemetry=self.telemetry,
+                progress=Progress(
+                    store,
+                    spec.name,
+                    settings.node_id,
+                    retention_s=settings.checkpoint_retention_s,
+                    max_state_bytes=DEFAULT_MAX_STATE_BYTES,
+                )
+                if spec.checkpoint
+                else None,
+            )
+            for spec in enabled
+        }
+        self.ticker = Ticker(
+            self.runners.values(),
+            clock=clock,
+            retire=self._retire,
+            precision_s=settings.precision_s,
+        )
+        self.elector.terms.on_term_started = self.ticker.leadership_gained
+        self.elector.terms.on_trigger = self.ticker.trigger
+        # Every store of the library keeps a membership record; a test double may not.
+        announce = getattr(store, "announce", None)
+        if announce is not None:
+            announce(Membership(self._member_record(enabled)))
+        self._election: asyncio.Task[None] | None = None
+        self._timer: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._stack = contextlib.AsyncExitStack()
+        self.started_at = clock.monotonic()
+
+    def _member_record(self, enabled: Sequence[JobSpec]) -> MemberRecord:
+        """What this node announces to the others (see ``_store.membership``)."""
+        return MemberRecord(
+            node_id=self.settings.node_id,
+            owner=self.elector.owner,
+            version=VERSION,
+            started_at=self.clock.now(),
+            jobs={spec.name: str(spec.schedule) for spec in enabled},
+            ttl_s=max(
+                (lease.ttl_s for lease in self.elector.leases.values()),
+                default=self.settings.lock_expiry_s,
+            ),
+        )
+
+    def snapshot(self) -> EngineSnapshot:
+        """A consistent read-only picture of the engine, for the status API and probes."""
+        return take(self)
+
+    @property
+    def election_task(self) -> asyncio.Task[None] | None:
+        """The election loop's task (None before start)."""
+        return self._election
+
+    @property
+    def timer_task(self) -> asyncio.Task[None] | None:
+        """The timer's task (None before start or once stopped)."""
+        return self._timer
+
+    async def start(self) -> None:
+        """Start the election and the timer; returns once they run, without waiting for the
+        store (an unreachable Redis is retried in the background). On failure everything
+        started so far is torn down and the store closed."""
+        stack = self._stack
+        stack.push_async_callback(self.store.aclose)
+        if self._executor is not None:
+            stack.callback(self._executor.shutdown, wait=False)
+        try:
+            elector = self.elector
+            self.telemetry.register(
+                list(self.runners),
+                lambda: [(job, elector.is_leader(job)) for job in self.runners],
+                lambda: [(job, lease.paused) for job, lease in elector.leases.items()],
+            )
+            stack.callback(self.telemetry.unregister)
+            ready = asyncio.Event()
+            self.started_at = self.clock.monotonic()
+            election = self._election = asyncio.create_task(
+                elector.run(ready), name=f"singletonjob {self.settings.node_id} election"
+            )
+            stack.push_async_callback(cancel_and_wait, election)
+            waiter = asyncio.ensure_future(ready.wait())
+            await asyncio.wait({waiter, election}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if election.done():
+                election.result()  # re-raise a crash of the loop at startup
+            self._timer = asyncio.create_task(
+                self.ticker.run(), name=f"singletonjob {self.settings.node_id} timer"
+            )
+        except BaseException:
+            await self.abort()
+            raise
+        self.state = EngineState.RUNNING
+
+    def _retire(self, runner: JobRunner) -> None:
+        """The job's schedule ended or failed: once its run (if any) ends, hand its lock to
+        the other nodes, so that a job nobody runs here is not kept locked."""
+
+        async def retire() -> None:
+            if runner.current is not None:
+                await asyncio.wait({runner.current})
+            await self.elector.resign([runner.spec.name])
+
+        task = asyncio.create_task(retire(), name=f"singletonjob retire {runner.spec.name!r}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def abort(self) -> None:
+        """Cancel whatever still runs, bounded in time, and close the store: the last resort
+        when ``start`` or ``stop`` failed or was cancelled, so that nothing keeps renewing
+        leases or starting runs behind the application's back."""
+        self.ticker.stop_waiting()
+        runs = [runner.current for runner in self.runners.values()]
+        await abort_all([self._timer, *runs, *self._retiring, self._election], CANCEL_GRACE_S)
+        await self._close()
+
+    async def _close(self) -> None:
+        self.state = EngineState.STOPPED
+        try:
+            await self._stack.aclose()
+        except Exception:
+            logger.exception("node %s: error while closing", self.settings.node_id)
+
+    async def stop(self) -> None:
+        """Shut down in the order described in the module docstring; never raises for a
+        job's misbehaviour."""
+        self.state = EngineState.DRAINING
+        self.elector.terms.acquiring = False  # from now on no new term, and no new run
+        for runner in self.runners.values():
+            runner.closed = True
+        self.ticker.stop_waiting()
+        if self._timer is not None:
+            await cancel_and_wait(self._timer)
+        # Leave the membership before releasing anything: a node woken by the release then
+        # already places the job without this one, instead of leaving it to a node that left.
+        await self._leave()
+        runs = {name: r.current for name, r in self.runners.items() if r.current is not None}
+        idle = [name for name in self.runners if name not in runs]
+        if idle:
+            await self.elector.resign(idle)
+        stuck = await self._drain(runs) if runs else []
+        if stuck:
+            logger.error(
+                "runs of %s did not end after cancellation; their locks are left to expire so "
+                "that no other node starts them while they may still run",
+                ", ".join(stuck),
+            )
+        await abort_all(list(self._retiring), CANCEL_GRACE_S)
+        if self._election is not None:
+            await cancel_and_wait(self._election)
+        await self.elector.release([name for name in runs if name not in stuck])
+        await self._close()
+
+    async def _leave(self) -> None:
+        """Leave the membership at once (else the record expires one lock expiry later)."""
+        leave = getattr(self.store, "leave", None)
+        if leave is None:  # a test double
+            return
+        try:
+            await within(leave(), LEAVE_TIMEOUT_S)
+        except Exception as exc:  # it expires on its own
+            logger.debug("node %s could not leave the membership: %r", self.settings.node_id, exc)
+
+    async def _drain(self, runs: dict[str, asyncio.Task[None]]) -> list[str]:
+        """Wait for ``runs``, releasing each job's lock as its run ends; cancel those still
+        going after ``shutdown_timeout``. Returns the jobs whose runs would not end."""
+        logger.info(
+            "waiting up to %gs for runs in flight: %s",
+            self.settings.shutdown_timeout_s,
+            ", ".join(runs),
+        )
+        job_of: dict[asyncio.Future[None], str] = {task: name for name, task in runs.items()}
+        pending: set[asyncio.Future[None]] = set(runs.values())
+        deadline = self.clock.monotonic() + self.settings.shutdown_timeout_s
+        cancelled = False
+        while pending:
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                if cancelled:
+                    break
+                cancelled = True
+                for task in pending:
+                    task.cancel()
+                deadline = self.clock.monotonic() + CANCEL_GRACE_S
+                continue
+            still = await wait_all(pending, left, self.clock, first=True)
+            ended = [job_of[task] for task in pending - still]
+            pending = still
+            if ended:
+                await self.elector.resign(ended)
+        return [job_of[task] for task in pending]

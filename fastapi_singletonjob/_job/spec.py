@@ -1,0 +1,219 @@
+"""A registered job: its validated definition, and how to call its function for one run."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from datetime import timedelta
+from typing import Any, Literal
+
+from .._config.settings import MIN_PERIOD_S, Duration, check_expiry, check_name, to_seconds
+from .._errors import ConfigurationError
+from .._schedule import Cron, FixedRate, Interval, Schedule
+from .dependencies import JobCall
+
+__all__ = [
+    "JobOptions",
+    "JobSpec",
+    "LeadershipLostPolicy",
+    "MisfirePolicy",
+    "cron_schedule",
+    "custom_schedule",
+    "fixed_rate_schedule",
+    "interval_schedule",
+]
+
+MIN_MISFIRE_GRACE_S = 0.05
+"""A run starts a few milliseconds after its instant (timer resolution, the event loop's
+other work): a shorter ``misfire_grace`` would drop most or all instants as late."""
+
+LeadershipLostPolicy = Literal["finish", "cancel"]
+MisfirePolicy = Literal["skip", "run_once", "catch_up"]
+ScheduleKind = Literal["interval", "fixed_rate", "cron", "custom"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """Everything known about a job when it is registered; validated on construction."""
+
+    name: str
+    func: Callable[..., Any]
+    schedule: Schedule
+    kind: ScheduleKind
+    enabled: bool = True
+    timeout_s: float | None = None
+    on_leadership_lost: LeadershipLostPolicy = "finish"
+    lock_expiry_s: float | None = None
+    """Per-job lease time; None means the ``SingletonJobs`` setting."""
+    misfire_grace_s: float | None = None
+    """How late a run may still start after its instant; None: until the next instant."""
+    misfire: MisfirePolicy = "run_once"
+    """What a new leader does with the instants no node ran (cron and custom schedules)."""
+    checkpoint: bool = True
+    """Keep the job's checkpoint in the store (one fenced write per run)."""
+    call: JobCall = field(init=False, repr=False, compare=False)
+    """How the function's parameters are resolved for a run."""
+
+    def __post_init__(self) -> None:
+        if not callable(self.func):
+            raise ConfigurationError(
+                f"the decorated object {self.func!r} is not callable; decorate a function",
+                job=self.name,
+                field="func",
+            )
+        if self.on_leadership_lost not in ("finish", "cancel"):
+            raise ConfigurationError(
+                f"on_leadership_lost={self.on_leadership_lost!r} is not one of 'finish' "
+                "(let the run end) or 'cancel' (cancel it when the lease ends)",
+                job=self.name,
+                field="on_leadership_lost",
+            )
+        for name in ("enabled", "checkpoint"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigurationError(
+                    f"{name}={value!r} must be True or False", job=self.name, field=name
+                )
+        if self.misfire not in ("skip", "run_once", "catch_up"):
+            raise ConfigurationError(
+                f"misfire={self.misfire!r} is not one of 'skip' (run none of the missed "
+                "instants), 'run_once' (run the latest, once) or 'catch_up' (run each, in order)",
+                job=self.name,
+                field="misfire",
+            )
+        if self.misfire == "catch_up" and self.misfire_grace_s is None:
+            raise ConfigurationError(
+                "misfire='catch_up' needs misfire_grace, how far back missed instants are "
+                "still run (e.g. misfire_grace=timedelta(hours=6))",
+                job=self.name,
+                field="misfire_grace",
+            )
+        if self.misfire == "catch_up" and not self.checkpoint:
+            raise ConfigurationError(
+                "misfire='catch_up' finds the missed instants from the checkpoint; remove "
+                "checkpoint=False or choose misfire='run_once'",
+                job=self.name,
+                field="misfire",
+            )
+        # Resolve the parameters now, so that a bad one fails at registration, not at a tick.
+        object.__setattr__(self, "call", JobCall(self.name, self.func))
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is a coroutine function (run on the loop, not in a thread)."""
+        return inspect.iscoroutinefunction(self.func) or inspect.iscoroutinefunction(
+            getattr(self.func, "__call__", None)  # noqa: B004 - async callable objects
+        )
+
+
+# -- definitions, validated where the user writes them -------------------------------------
+
+
+def interval_schedule(name: str, every: Duration) -> Interval:
+    """The schedule of ``jobs.interval(name, every)``."""
+    return Interval(to_seconds(every, field="every", job=name, minimum_s=MIN_PERIOD_S))
+
+
+def fixed_rate_schedule(name: str, every: Duration, offset: Duration) -> FixedRate:
+    """The schedule of ``jobs.fixed_rate(name, every, offset=...)``."""
+    every_s = to_seconds(every, field="every", job=name, minimum_s=MIN_PERIOD_S)
+    offset_s = to_seconds(offset, field="offset", job=name, allow_zero=True)
+    if offset_s >= every_s:
+        raise ConfigurationError(
+            f"offset={offset_s:g}s must be shorter than every={every_s:g}s",
+            job=name,
+            field="offset",
+        )
+    return FixedRate(every_s, offset_s)
+
+
+def cron_schedule(name: str, expression: str, timezone: str) -> Cron:
+    """The schedule of ``jobs.cron(name, expression, timezone=...)``."""
+    try:
+        return Cron(expression, timezone)
+    except ValueError as exc:
+        field = "timezone" if "timezone=" in str(exc) else "expression"
+        raise ConfigurationError(str(exc), job=name, field=field) from None
+
+
+def custom_schedule(name: str, schedule: Schedule) -> Schedule:
+    """The schedule of ``jobs.schedule(name, schedule)``: any object with ``next_fire``."""
+    if not callable(getattr(schedule, "next_fire", None)):
+        raise ConfigurationError(
+            f"schedule={schedule!r} has no next_fire(after) method; pass an object "
+            "that returns the next fire time after a given aware datetime, or None",
+            job=name,
+            field="schedule",
+        )
+    return schedule
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """The options every kind of job takes, in seconds; ``parse`` validates them, and
+    ``misfiring`` adds those of the jobs whose instants can be missed (cron, custom)."""
+
+    enabled: bool
+    on_leadership_lost: LeadershipLostPolicy
+    checkpoint: bool
+    timeout_s: float | None
+    lock_expiry_s: float | None
+    misfire_grace_s: float | None = None
+    misfire: MisfirePolicy = "run_once"
+
+    @classmethod
+    def parse(
+        cls,
+        name: str,
+        enabled: bool,
+        on_leadership_lost: LeadershipLostPolicy,
+        checkpoint: bool,
+        timeout: Duration | None,
+        lock_expiry: Duration | None,
+        heartbeat_s: float,
+    ) -> JobOptions:
+        """Validate the options of job ``name`` as the user gave them, and its name (the
+        others are checked by ``JobSpec``)."""
+        check_name(name, field="name")
+        timeout_s = None if timeout is None else to_seconds(timeout, field="timeout", job=name)
+        expiry_s = None
+        if lock_expiry is not None:
+            expiry_s = to_seconds(lock_expiry, field="lock_expiry", job=name)
+            check_expiry(expiry_s, heartbeat_s, field="lock_expiry", job=name)
+        return cls(enabled, on_leadership_lost, checkpoint, timeout_s, expiry_s)
+
+    def misfiring(
+        self, name: str, misfire_grace: Duration | None, misfire: MisfirePolicy
+    ) -> JobOptions:
+        """These options with job ``name``'s misfire policy, validated."""
+        return replace(self, misfire_grace_s=to_grace_s(misfire_grace, name), misfire=misfire)
+
+    def spec(
+        self, name: str, func: Callable[..., Any], schedule: Schedule, kind: ScheduleKind
+    ) -> JobSpec:
+        """The job ``name`` that runs ``func`` on ``schedule`` with these options (the
+        fields of both classes have the same names)."""
+        options = {option.name: getattr(self, option.name) for option in fields(self)}
+        return JobSpec(name=name, func=func, schedule=schedule, kind=kind, **options)
+
+
+def to_grace_s(misfire_grace: Duration | None, job: str) -> float | None:
+    """Validate a job's ``misfire_grace``: None (until the next instant), or at least
+    ``MIN_MISFIRE_GRACE_S`` seconds."""
+    if misfire_grace is None:
+        return None
+    seconds = (
+        misfire_grace.total_seconds() if isinstance(misfire_grace, timedelta) else misfire_grace
+    )
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if number and seconds < MIN_MISFIRE_GRACE_S:  # zero and negatives too: never "on time"
+        raise ConfigurationError(
+            f"misfire_grace={misfire_grace!r} would drop every instant, or most, as late: a "
+            "run always starts a few milliseconds after its instant; pass at least "
+            f"misfire_grace={MIN_MISFIRE_GRACE_S:g} (e.g. misfire_grace=1), or leave it unset "
+            "to let a run start until the next instant",
+            job=job,
+            field="misfire_grace",
+        )
+    return to_seconds(misfire_grace, field="misfire_grace", job=job)

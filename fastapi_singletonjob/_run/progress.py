@@ -1,0 +1,152 @@
+"""A job's checkpoint as its runner on this node keeps it: read from the store once per term,
+replaced by the result of each fenced write. The record itself, its encoding and the store
+calls are in ``_checkpoint.py``.
+
+Only the leader writes, fenced by its term's token inside the store, so within a term the
+copy kept here is the stored record. An operator's ``reset_checkpoint`` from another node
+shows in the next run's ``ctx.checkpoint`` after one run (the run after a reset writes a
+fresh record: the fenced write reads what is stored, not this copy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from datetime import datetime
+
+from .._checkpoint import Checkpoint, FinishedRun, JSONValue, StateSave, encode_state
+from .._errors import LeadershipLost, UsageError
+from .._outcomes import Outcome
+from .._store.base import CheckpointStore
+
+__all__ = ["Progress"]
+
+logger = logging.getLogger("fastapi_singletonjob.checkpoint")
+
+
+class Progress:
+    """One job's checkpoint on this node."""
+
+    __slots__ = (
+        "_cached",
+        "_job",
+        "_max_bytes",
+        "_node_id",
+        "_retention_s",
+        "_state",
+        "_state_known",
+        "_store",
+        "_term",
+    )
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        job: str,
+        node_id: str,
+        *,
+        retention_s: float,
+        max_state_bytes: int,
+    ) -> None:
+        self._store = store
+        self._job = job
+        self._node_id = node_id
+        self._retention_s = retention_s
+        self._max_bytes = max_state_bytes
+        self._cached: Checkpoint | None = None
+        self._state: JSONValue = None
+        """The stored state as this term knows it: read at its start, then as saved."""
+        self._state_known = True
+        """False after a ``save_state`` whose outcome is unknown (the next run reads again)."""
+        self._term: int | None = None
+        """The term whose start (or last write) ``_cached`` is from; None: read again."""
+
+    def loaded_for(self, token: int) -> bool:
+        """Whether the checkpoint is known for term ``token`` (no read needed)."""
+        return self._term == token
+
+    async def load(self, token: int, timeout_s: float) -> Checkpoint | None:
+        """The checkpoint as it stands for term ``token``: read from the store at the first
+        run of a term (``ConnectionError`` when the store does not answer in time)."""
+        if self._term != token:
+            self._cached = await self._store.read_checkpoint(self._job, timeout_s=timeout_s)
+            self._state = None if self._cached is None else self._cached.state
+            self._state_known = True
+            self._term = token
+        return self._cached
+
+    async def record(
+        self,
+        token: int,
+        outcome: Outcome,
+        scheduled_at: datetime,
+        completed_at: datetime,
+        error: str | None,
+        timeout_s: float,
+    ) -> None:
+        """Record a finished run, fenced; a refusal or a store error is logged, and the next
+        run reads the stored record again."""
+        self._term = None
+        written = None
+        try:
+            if timeout_s > 0:  # else the term is over, and the store would refuse the write
+                run = FinishedRun(
+                    self._job,
+                    token,
+                    self._node_id,
+                    outcome,
+                    scheduled_at,
+                    completed_at,
+                    error,
+                    self._retention_s,
+                )
+                written = await self._store.record_run(run, timeout_s=timeout_s)
+        except Exception as exc:
+            logger.warning(
+                "job %r: node %s could not record its run of %s in the checkpoint: %r",
+                self._job,
+                self._node_id,
+                scheduled_at.isoformat(),
+                exc,
+            )
+            return
+        if written is None:
+            logger.warning(
+                "job %r: the run of %s on node %s ended after its term (fencing token %d); "
+                "not recorded, the next leader resumes from the stored checkpoint",
+                self._job,
+                scheduled_at.isoformat(),
+                self._node_id,
+                token,
+            )
+            return
+        self._cached = dataclasses.replace(written, state=self._state)
+        self._term = token if self._state_known else None
+
+    async def save_state(self, token: int, value: object, timeout_s: float) -> None:
+        """Fenced write of the job's state (see ``JobContext.save_state``)."""
+        state_json = encode_state(self._job, value, self._max_bytes)
+        if timeout_s <= 0:
+            raise self._lost(token)
+        self._state_known = False  # until it is known whether the state was saved
+        save = StateSave(self._job, token, self._node_id, state_json, self._retention_s)
+        saved = await self._store.save_state(save, timeout_s=timeout_s)
+        if not saved:
+            raise self._lost(token)
+        self._state, self._state_known = json.loads(state_json), True
+
+    def _lost(self, token: int) -> LeadershipLost:
+        return LeadershipLost(
+            f"the state was not saved: node {self._node_id}'s term (fencing token {token}) "
+            "has ended; stop this run, the next leader resumes from the stored state",
+            job=self._job,
+        )
+
+
+def no_checkpoint(job: str) -> UsageError:
+    """The error of ``save_state`` on a job defined with ``checkpoint=False``."""
+    return UsageError(
+        f"job {job!r} was defined with checkpoint=False, so it has no state to save; "
+        "remove checkpoint=False to keep a checkpoint"
+    )

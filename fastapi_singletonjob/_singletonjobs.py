@@ -1,0 +1,354 @@
+"""``SingletonJobs``: settings, job registration, and the lifespan that runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal, TypeVar
+
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
+from redis.asyncio import Redis, RedisCluster
+
+from ._admin import Operations
+from ._clock import SYSTEM_CLOCK, Clock
+from ._config.redact import redact_url
+from ._config.settings import Duration, Settings
+from ._engine.engine import Engine
+from ._errors import ConfigurationError, UsageError
+from ._job.spec import (
+    JobOptions,
+    JobSpec,
+    LeadershipLostPolicy,
+    MisfirePolicy,
+    ScheduleKind,
+    cron_schedule,
+    custom_schedule,
+    fixed_rate_schedule,
+    interval_schedule,
+)
+from ._schedule import Schedule
+from ._store.open import Store, open_store
+from ._telemetry import Telemetry
+
+__all__ = ["SingletonJobs"]
+
+logger = logging.getLogger("fastapi_singletonjob")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SingletonJobs(Operations):
+    """A set of periodic jobs, each run by exactly one replica at a time.
+
+    Every argument may also come from the environment (``SINGLETONJOB_REDIS_URL``,
+    ``SINGLETONJOB_PROJECT``, ``SINGLETONJOB_NODE_ID``, ``SINGLETONJOB_HEARTBEAT_INTERVAL``,
+    ``SINGLETONJOB_LOCK_EXPIRY``, ``SINGLETONJOB_MAX_BACKOFF``,
+    ``SINGLETONJOB_SHUTDOWN_TIMEOUT``, ``SINGLETONJOB_PRECISION``,
+    ``SINGLETONJOB_CHECKPOINT_RETENTION``, durations in seconds); explicit arguments win.
+
+    :param redis_url: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://host:port,...``
+        (Redis Cluster), or ``memory://`` (one process only, for development and tests).
+        Default ``redis://localhost:6379/0``.
+    :param redis: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` client you own,
+        instead of ``redis_url``; the library copies its connection settings into a small
+        pool of its own (without client-side retries) and never closes your client.
+    :param project: namespaces every key; required (a shared default would let unrelated
+        deployments elect each other).
+    :param node_id: this replica's name in locks, logs and status; default pod or host name,
+        pid and a short random suffix.
+    :param heartbeat_interval: how often leases are renewed and free locks tried (3 s).
+    :param lock_expiry: lease time; a dead leader is replaced about this long after its last
+        renewal (10 s). Must ride out one failed renewal (a little over 2.1 heartbeats; the
+        error gives the exact minimum); 3x or more is recommended.
+    :param max_backoff: cap of the retry delay while the store is unreachable (30 s).
+    :param shutdown_timeout: how long shutdown lets runs in flight finish before cancelling
+        them (10 s).
+    :param precision: opt-in tick precision: the timer wakes this long before each instant,
+        starts the run then (held before the job's code) and yields to the event loop until
+        the instant comes, so runs start within a fraction of a millisecond of their instant
+        instead of the ~1-2 ms of asyncio's timer; costs CPU while it waits (0 = off, the
+        default; 0.002 is a good value; at most 0.05).
+    :param checkpoint_retention: how long a job's checkpoint outlives the last node that led
+        it (30 days); a live job's record never expires.
+    :param placement: ``"spread"`` (default): leadership of the jobs spreads over the live
+        replicas, moved by graceful handovers; ``"first"``: the first node to ask leads
+        (``SINGLETONJOB_PLACEMENT``).
+    :param clock: a ``FakeClock`` in tests; default the
+        system clock.
+    :param tracer_provider: OpenTelemetry tracer provider; default the global one.
+    :param meter_provider: OpenTelemetry meter provider; default the global one.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        redis: Redis | RedisCluster | None = None,
+        project: str | None = None,
+        node_id: str | None = None,
+        heartbeat_interval: Duration | None = None,
+        lock_expiry: Duration | None = None,
+        max_backoff: Duration | None = None,
+        shutdown_timeout: Duration | None = None,
+        precision: Duration | None = None,
+        checkpoint_retention: Duration | None = None,
+        placement: Literal["spread", "first"] | None = None,
+        clock: Clock | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        if redis_url is not None and redis is not None:
+            raise ConfigurationError(
+                "pass either redis_url= or redis=, not both", field="redis_url"
+            )
+        if redis is not None and not isinstance(redis, (Redis, RedisCluster)):
+            raise ConfigurationError(
+                f"redis={type(redis).__name__} is not a redis.asyncio.Redis or "
+                "redis.asyncio.RedisCluster client; pass one, or use redis_url=",
+                field="redis",
+            )
+        self.settings = Settings.build(
+            redis_url=redis_url,
+            has_client=redis is not None,
+            project=project,
+            node_id=node_id,
+            heartbeat_interval=heartbeat_interval,
+            lock_expiry=lock_expiry,
+            max_backoff=max_backoff,
+            shutdown_timeout=shutdown_timeout,
+            precision=precision,
+            checkpoint_retention=checkpoint_retention,
+            placement=placement,
+        )
+        self._client = redis
+        self._clock: Clock = clock or SYSTEM_CLOCK
+        self._specs: dict[str, JobSpec] = {}
+        self._engine: Engine | None = None
+        self._telemetry = Telemetry(
+            self.settings.node_id, tracer_provider=tracer_provider, meter_provider=meter_provider
+        )
+
+    @property
+    def node_id(self) -> str:
+        """This replica's id."""
+        return self.settings.node_id
+
+    @property
+    def project(self) -> str:
+        """The project namespace."""
+        return self.settings.project
+
+    @property
+    def jobs(self) -> dict[str, JobSpec]:
+        """The registered jobs by name (a copy)."""
+        return dict(self._specs)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock the library runs on."""
+        return self._clock
+
+    @property
+    def store_description(self) -> str:
+        """Where the leases are kept, without credentials."""
+        if self._client is not None:
+            return "<redis client passed in>"
+        return redact_url(self.settings.redis_url or "")
+
+    @property
+    def engine(self) -> Engine | None:
+        """The running machinery between startup and shutdown, else None."""
+        return self._engine
+
+    # -- registration ---------------------------------------------------------------------
+
+    def interval(
+        self,
+        name: str,
+        every: Duration,
+        *,
+        enabled: bool = True,
+        timeout: Duration | None = None,
+        on_leadership_lost: LeadershipLostPolicy = "finish",
+        lock_expiry: Duration | None = None,
+        checkpoint: bool = True,
+    ) -> Callable[[F], F]:
+        """Run the decorated function as soon as this node leads, then ``every`` after
+        each run ends (run, then wait)."""
+        options = JobOptions.parse(
+            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+        )
+        return self._decorator(name, interval_schedule(name, every), "interval", options)
+
+    def fixed_rate(
+        self,
+        name: str,
+        every: Duration,
+        *,
+        offset: Duration = 0.0,
+        enabled: bool = True,
+        timeout: Duration | None = None,
+        on_leadership_lost: LeadershipLostPolicy = "finish",
+        lock_expiry: Duration | None = None,
+        checkpoint: bool = True,
+    ) -> Callable[[F], F]:
+        """Run the decorated function on a grid of instants ``epoch + offset + k * every``
+        shared by all replicas; a tick that comes while a run is still going is dropped."""
+        options = JobOptions.parse(
+            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+        )
+        return self._decorator(
+            name, fixed_rate_schedule(name, every, offset), "fixed_rate", options
+        )
+
+    def cron(
+        self,
+        name: str,
+        expression: str,
+        *,
+        timezone: str = "UTC",
+        misfire_grace: Duration | None = None,
+        misfire: MisfirePolicy = "run_once",
+        enabled: bool = True,
+        timeout: Duration | None = None,
+        on_leadership_lost: LeadershipLostPolicy = "finish",
+        lock_expiry: Duration | None = None,
+        checkpoint: bool = True,
+    ) -> Callable[[F], F]:
+        """Run the decorated function at the instants of a cron expression (5 fields, or 6
+        with seconds last), in ``timezone``. A run may start up to ``misfire_grace`` after
+        its instant (default: until the next instant)."""
+        options = JobOptions.parse(
+            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+        ).misfiring(name, misfire_grace, misfire)
+        return self._decorator(name, cron_schedule(name, expression, timezone), "cron", options)
+
+    def schedule(
+        self,
+        name: str,
+        schedule: Schedule,
+        *,
+        misfire_grace: Duration | None = None,
+        misfire: MisfirePolicy = "run_once",
+        enabled: bool = True,
+        timeout: Duration | None = None,
+        on_leadership_lost: LeadershipLostPolicy = "finish",
+        lock_expiry: Duration | None = None,
+        checkpoint: bool = True,
+    ) -> Callable[[F], F]:
+        """Run the decorated function at the instants of any object with a
+        ``next_fire(after: datetime) -> datetime | None`` method."""
+        options = JobOptions.parse(
+            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+        ).misfiring(name, misfire_grace, misfire)
+        return self._decorator(name, custom_schedule(name, schedule), "custom", options)
+
+    @property
+    def _heartbeat_s(self) -> float:
+        return self.settings.heartbeat_interval_s
+
+    def _decorator(
+        self, name: str, schedule: Schedule, kind: ScheduleKind, options: JobOptions
+    ) -> Callable[[F], F]:
+        if name in self._specs:
+            raise ConfigurationError(
+                "a job with this name is already registered; job names must be unique "
+                "within a project",
+                job=name,
+                field="name",
+            )
+
+        def register(func: F) -> F:
+            if self._engine is not None:
+                raise ConfigurationError(
+                    "jobs must be registered before startup", job=name, field="name"
+                )
+            if name in self._specs:
+                raise ConfigurationError(
+                    "a job with this name is already registered", job=name, field="name"
+                )
+            self._specs[name] = options.spec(name, func, schedule, kind)
+            return func
+
+        return register
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _open_store(self) -> Store:
+        return open_store(
+            self.settings, self._specs.values(), client=self._client, clock=self._clock
+        )
+
+    async def start(self, app: object = None) -> None:
+        """Start electing and running the jobs; returns at once (also when Redis is down).
+
+        :param app: the application whose ``dependency_overrides`` apply to job parameters
+            (the lifespan passes it).
+        """
+        if self._engine is not None:
+            raise UsageError(
+                f"SingletonJobs {self.project!r} is already started; start it once (the "
+                "lifespan does), or use a second SingletonJobs"
+            )
+        self.settings = self.settings.for_this_process()
+        store = self._open_store()
+        try:
+            engine = Engine(
+                self.settings, list(self._specs.values()), store, self._clock, app, self._telemetry
+            )
+        except BaseException:
+            await store.aclose()
+            raise
+        await engine.start()  # on failure it has torn itself down and closed the store
+        self._engine = engine
+        disabled = [spec.name for spec in self._specs.values() if not spec.enabled]
+        logger.info(
+            "singletonjob node %s started for project %r: %d job(s)%s, store %r",
+            self.node_id,
+            self.project,
+            len(engine.runners),
+            f" ({len(disabled)} disabled: {', '.join(disabled)})" if disabled else "",
+            store,
+        )
+
+    async def stop(self) -> None:
+        """Stop ticking, drain runs, release the locks, close what the library opened."""
+        engine = self._engine
+        if engine is None:
+            return
+        try:
+            # The engine stays visible while it drains: status and probes report it.
+            await engine.stop()
+        except BaseException:
+            # stop() failed or was cancelled midway: make sure nothing keeps running.
+            await asyncio.shield(engine.abort())
+            raise
+        finally:
+            self._engine = None
+            logger.info("singletonjob node %s stopped", self.node_id)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
+        """An ASGI lifespan: ``FastAPI(lifespan=jobs.lifespan)``, or nested in your own with
+        ``async with jobs.lifespan(app): yield``. Installs no signal handlers."""
+        await self.start(app)
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def __aenter__(self) -> SingletonJobs:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def __repr__(self) -> str:
+        return (
+            f"SingletonJobs(project={self.project!r}, node_id={self.node_id!r}, "
+            f"jobs={sorted(self._specs)!r})"
+        )

@@ -1,0 +1,206 @@
+"""The lease store: the one small interface the election needs from a backend.
+
+Two implementations run through the same behavioural tests: ``RedisLeaseStore`` (in
+``_store/redis/store.py``) for real deployments, and ``MemoryLeaseStore`` here, which coordinates
+the ``SingletonJobs`` instances of one process (``memory://``) and runs on the injected
+clock, so that users' unit tests and the library's own timing tests need no server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .._checkpoint import (
+    DEFAULT_CHECKPOINT_TIMEOUT_S,
+    Checkpoint,
+    FinishedRun,
+    StateSave,
+)
+from .._lock_value import (
+    parse_lock_value,
+    shown_lock_value,
+)
+
+__all__ = [
+    "DEFAULT_KEEPALIVE_S",
+    "DEFAULT_MAX_AHEAD_US",
+    "LeaseReply",
+    "LeaseRequest",
+    "CheckpointStore",
+    "LeaseStore",
+    "ReleaseListener",
+    "parse_notice",
+]
+
+DEFAULT_MAX_AHEAD_US = 1_000_000
+"""How far (µs) a claimed instant may lie ahead of the store's clock: a node whose wall clock
+runs further ahead must not record an instant that the other nodes reach only much later."""
+
+DEFAULT_KEEPALIVE_S = 5.0
+"""Silence after which the release listener checks its connection (callers pass the heartbeat)."""
+
+
+ReleaseListener = Callable[[frozenset[str] | None], None]
+"""What a release listener calls: with the names of the jobs whose locks a node released
+(ask about those), or None when a notice names none (an operator's control, a node of an
+older version): ask about every job."""
+
+
+def parse_notice(data: str | bytes) -> frozenset[str] | None:
+    """The jobs a notice names (``RELEASE`` publishes "jobs <name> <name> ...", ``CONTROL``
+    "control <name>"), or None for any other message (a bare "control")."""
+    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+    kind, _, names = text.partition(" ")
+    return frozenset(names.split()) if kind == "jobs" or (kind == "control" and names) else None
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """Acquire or renew the lease of ``job`` for ``ttl_s`` seconds.
+
+    ``held`` is the exact lock value of the caller's current term, if it has one: only that
+    value is renewed, so a lock the caller kept from a term it already ended expires. While
+    the caller holds the lock, the job's checkpoint (if any) is kept for ``retention_s`` more.
+    """
+
+    job: str
+    ttl_s: float
+    held: str | None = None
+    retention_s: float | None = None
+    take: bool = True
+    """False: look at the lock without taking it when it is free (placement prefers another
+    node for the job; see ``_election.placement``)."""
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    """What the store said about one job's lock after an acquire-or-renew."""
+
+    job: str
+    held: bool
+    """True when the calling node holds the lock now (acquired or renewed)."""
+    value: str | None
+    """The lock's value, ``"<token>|<owner id>"``, or None when nobody holds it; a value that
+    this library did not write (see ``is_lock_value``) is never held."""
+    ttl_s: float | None
+    """Time the lock has left per the store, None when it has no expiry."""
+    error: str | None = None
+    """Why a free lock could not be acquired (for example Redis out of memory)."""
+    paused: bool = False
+    """An operator paused the job (``jobs.pause``): its leader starts no new run."""
+    triggered: bool = False
+    """An operator asked for one extra run now; reported once, to the holder only."""
+    step_down: bool = False
+    """An operator asked the holder to hand the job over; reported once, to the holder only."""
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the holder's term, when the value has one."""
+        return parse_lock_value(self.value)[0]
+
+    @property
+    def holder(self) -> str | None:
+        """The owner id of the holder (``<node id>#<nonce>`` when written by this library);
+        for a value written by something else, that value made safe to show."""
+        token, holder = parse_lock_value(self.value)
+        if token is None and holder is not None:
+            return shown_lock_value(holder)
+        return holder
+
+
+class LeaseStore(Protocol):
+    """Atomic lease operations on a shared store, for all jobs of one project."""
+
+    async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
+        """Acquire free locks and renew held ones, all in one round trip; one reply each.
+
+        A lock is renewed only when its value is exactly the request's ``held`` value and that
+        is a value this library writes (``is_lock_value``): a foreign value, ``""`` included,
+        is nobody's to renew. Raises ``StoreReadOnly`` when the store is a replica.
+        """
+        ...
+
+    async def release(
+        self, node_id: str, values: dict[str, str], last_us: Mapping[str, int] | None = None
+    ) -> int:
+        """Delete each job's lock that still holds the given value, and announce it.
+        Values this library does not write are skipped (nobody's to delete). For each lock
+        deleted, raise the job's last claimed instant to ``last_us[job]`` (the last run this
+        node started), unless it lies ahead of the store's clock by more than
+        ``DEFAULT_MAX_AHEAD_US``: a successor never runs that instant again."""
+        ...
+
+    async def claim(
+        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+    ) -> int:
+        """Record that the holder of lock value ``value`` starts ``job``'s instant
+        ``instant_us``: 1 if recorded, 0 if that instant (or a later one) was already
+        claimed, -1 if ``value`` no longer holds the lock, -2 if the instant is ahead of the
+        store's clock by more than ``max_ahead_us`` (the caller's wall clock runs ahead;
+        nothing is recorded, so the instant does not silence the other nodes)."""
+        ...
+
+    async def listen_releases(
+        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+    ) -> None:
+        """Call ``on_release`` whenever a node releases locks (with the names of the jobs, see
+        ``ReleaseListener``) or an operator changes a control (with None); runs until
+        cancelled or broken.
+
+        After ``keepalive_s`` of silence it checks its connection (on Redis: an echo published
+        by the next ``elect``, or a PING) and raises ``ConnectionError`` when nothing comes
+        within another ``keepalive_s``: a silently dead connection ends in an error the caller
+        retries, never in a listener that hears nothing.
+        """
+        ...
+
+    async def ping(self) -> None:
+        """Raise unless the store answers."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close what this store opened (never a client the user passed in)."""
+        ...
+
+
+class CheckpointStore(Protocol):
+    """Fenced checkpoint records (``_checkpoint``), kept next to the locks; both stores
+    implement it. Apart from ``LeaseStore`` until the engine uses it, so that the test doubles
+    of ``LeaseStore`` need not implement it before then."""
+
+    async def record_run(
+        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """Record ``run`` in its job's checkpoint, if the lock still holds a value of the run's
+        term (checked inside the store): a success adds one to ``iteration`` and clears
+        ``last_error``, another outcome keeps ``iteration`` and stores the error (cut to
+        ``MAX_ERROR_CHARS``); ``state`` is kept. Sets the record's expiry to the run's
+        ``retention_s`` from now. Returns the record as written, without its ``state`` (None
+        there: it may be 64 KiB, and the caller knows it), or None when the term is over
+        (nothing written). ``ConnectionError`` past ``timeout_s``: then whether the
+        write happened is unknown."""
+        ...
+
+    async def save_state(
+        self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """Replace the ``state`` of the job's checkpoint by ``save.state_json``, fenced as
+        ``record_run``; other fields stay. False when the term is
+        over (nothing written)."""
+        ...
+
+    async def read_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """``job``'s checkpoint, or None when there is none (or what is stored is not a
+        record, which is logged; see ``_checkpoint``)."""
+        ...
+
+    async def reset_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """Delete ``job``'s checkpoint, unfenced (an operator's action); True if there was
+        one."""
+        ...

@@ -1,0 +1,118 @@
+"""Every Redis key and channel the library uses, built in one place.
+
+All keys of one project share the hash tag ``{project}``, so that one script can touch all of
+them in a single round trip, also on Redis Cluster (they live in one hash slot).
+
+=============================================  ======  =============================================
+key                                            type    content
+=============================================  ======  =============================================
+``singletonjob:{<project>}:<job>:lock``        string  ``<fencing token>|<node id>#<nonce>``, with a
+                                                       TTL of the job's lock expiry (the lease); any
+                                                       other value is foreign, nobody's to renew
+``singletonjob:{<project>}:<job>:fence``       string  the last fencing token granted; no TTL, so
+                                                       tokens keep growing across terms
+``singletonjob:{<project>}:<job>:last``        string  the latest cron/custom instant a leader
+                                                       started, in µs since the epoch, never written
+                                                       more than ``max_ahead_us`` ahead of the
+                                                       server clock; no TTL
+``singletonjob:{<project>}:<job>:checkpoint``  hash    the job's checkpoint (``_checkpoint``), every
+                                                       field a string: ``iteration``,
+                                                       ``last_scheduled_us`` and
+                                                       ``last_completed_us`` (µs since the epoch),
+                                                       ``last_outcome``, ``last_error``,
+                                                       ``node_id``, ``fencing_token``, ``state``
+                                                       (JSON text); a field that is None is absent.
+                                                       Written only by the fenced scripts
+                                                       ``RECORD_RUN`` and ``SAVE_STATE``, which set
+                                                       its TTL to the checkpoint retention;
+                                                       ``ELECT`` is to refresh that TTL for each
+                                                       lock it holds or takes, so that a record
+                                                       expires only when no node led its job for a
+                                                       whole retention (the job was removed, or the
+                                                       fleet was down that long)
+``singletonjob:{<project>}:released``          pubsub  a node publishes here when it releases locks
+                                                       (the count), and an operator's call when it
+                                                       changes a control (``control``): both wake
+                                                       every node's election for a round at once
+``singletonjob:{<project>}:nodes``             hash    membership: owner id (``<node>#<nonce>``) ->
+                                                       the node's record as JSON (``_store.membership``):
+                                                       node id, version, started at, its jobs and
+                                                       their schedules as text, its record TTL;
+                                                       written by ``ELECT`` when the node's record
+                                                       changed or is missing
+``singletonjob:{<project>}:nodes:expiry``      zset    owner id -> when its record expires, in ms
+                                                       of the server clock; each ``ELECT`` pushes
+                                                       it back and drops the records of the owners
+                                                       already past it (from both keys)
+``singletonjob:{<project>}:nodes:placement``   hash    owner id -> ``<joined>|<jobs digest>``: when
+                                                       the owner's record appeared (ms of the
+                                                       server clock) and a digest of its job names
+                                                       (``_store.membership``); ``#epoch`` -> a counter
+                                                       that ``ELECT`` raises whenever an owner
+                                                       joins or leaves; a node reads the hash only
+                                                       when the epoch it knows is not the current
+                                                       one (``_election.placement``)
+``singletonjob:{<project>}:controls``          hash    operators' controls, no TTL:
+                                                       ``paused:<job>`` -> JSON (``at``, ``by``),
+                                                       present while the job is paused;
+                                                       ``trigger:<job>`` and ``step-down:<job>``
+                                                       -> ``1``, a request the job's leader
+                                                       consumes (deletes) in its next ``ELECT``
+=============================================  ======  =============================================
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = [
+    "Control",
+    "JobKey",
+    "ProjectKey",
+    "control_field",
+    "job_key",
+    "project_key",
+    "release_channel",
+]
+
+PREFIX = "singletonjob"
+
+JobKey = Literal["lock", "fence", "last", "checkpoint"]
+"""The keys of one job (``<job>:<kind>`` in the table): ``lock`` its lease, present while some
+node leads it; ``fence`` the last fencing token granted; ``last`` the latest instant a leader
+claimed (started); ``checkpoint`` its checkpoint record (a hash; see ``_checkpoint``)."""
+
+ProjectKey = Literal["nodes", "nodes:expiry", "nodes:placement", "controls"]
+"""The keys the jobs of one project share: ``nodes`` the hash of the live nodes' membership
+records (owner id -> JSON); ``nodes:expiry`` the sorted set of their expiries (owner id ->
+server time in ms); ``nodes:placement`` the hash of when each member joined and which jobs it
+runs (a digest), and the epoch; ``controls`` the hash of operators' controls (``Control``)."""
+
+Control = Literal["paused", "trigger", "step-down"]
+"""The fields of the ``controls`` hash, one of each per job (``<control>:<job>``): ``paused``
+present while the job is paused; ``trigger`` asks the job's leader for one extra run;
+``step-down`` asks the job's leader to hand it over."""
+
+
+def _tag(project: str) -> str:
+    return f"{PREFIX}:{{{project}}}"
+
+
+def job_key(project: str, job: str, kind: JobKey) -> str:
+    """The key ``kind`` of ``job`` (see ``JobKey``)."""
+    return f"{_tag(project)}:{job}:{kind}"
+
+
+def project_key(project: str, name: ProjectKey) -> str:
+    """The key ``name`` of ``project``, shared by its jobs (see ``ProjectKey``)."""
+    return f"{_tag(project)}:{name}"
+
+
+def release_channel(project: str) -> str:
+    """The pub/sub channel on which releases of ``project``'s locks are announced."""
+    return f"{_tag(project)}:released"
+
+
+def control_field(control: Control, job: str) -> str:
+    """The field of the ``controls`` key that holds ``control`` for ``job`` (see ``Control``)."""
+    return f"{control}:{job}"

@@ -1,0 +1,1 @@
+"""The HTTP side: the status router, the health probes, the admin router and their response models."""

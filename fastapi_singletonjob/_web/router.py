@@ -1,0 +1,152 @@
+"""``jobs.router``: the status API and the health probes, as a FastAPI ``APIRouter``.
+
+Mount it under any prefix, and attach the application's own dependencies (authentication)
+where it is included::
+
+    app.include_router(jobs.router, prefix="/singletonjob", dependencies=[Depends(auth)])
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, HTTPException, Response, status
+from redis.exceptions import RedisError
+
+from .cluster_view import ClusterStatus
+from .status import (
+    Health,
+    HealthStatus,
+    JobReport,
+    NodeStatus,
+    add_checkpoints,
+    liveness,
+    node_status,
+    readiness,
+)
+
+if TYPE_CHECKING:
+    from .._singletonjobs import SingletonJobs
+
+__all__ = ["create_router"]
+
+_UNAVAILABLE: dict[int | str, dict[str, Any]] = {
+    status.HTTP_503_SERVICE_UNAVAILABLE: {"model": HealthStatus, "description": "Not healthy"}
+}
+
+
+def create_router(jobs: SingletonJobs) -> APIRouter:
+    """Build the status router of ``jobs``.
+
+    The handlers are ``async def`` on purpose: they run on the event loop, between its steps,
+    so a snapshot never mixes state from before and after a leadership change.
+    """
+    router = APIRouter(tags=["singletonjob"])
+
+    @router.get("/jobs", response_model=NodeStatus, summary="This node and all its jobs")
+    async def list_jobs() -> NodeStatus:
+        """The node, whether Redis answers, and for each job: schedule, leader, lease, runs,
+        and its checkpoint as stored in Redis."""
+        snapshot = node_status(jobs)
+        await add_checkpoints(jobs, snapshot.jobs)
+        return snapshot
+
+    @router.get(
+        "/jobs/{name}",
+        response_model=JobReport,
+        summary="One job",
+        responses={status.HTTP_404_NOT_FOUND: {"description": "No job of that name"}},
+    )
+    async def get_job(name: str) -> JobReport:
+        """The node, whether Redis answers, and one job."""
+        if name not in jobs.jobs:
+            known = ", ".join(sorted(jobs.jobs)) or "none"
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, f"no job named {name!r}; known jobs: {known}"
+            )
+        snapshot = node_status(jobs, only=name)
+        await add_checkpoints(jobs, snapshot.jobs)
+        return JobReport(
+            project=snapshot.project,
+            node_id=snapshot.node_id,
+            started=snapshot.started,
+            state=snapshot.state,
+            store=snapshot.store,
+            job=snapshot.jobs[0],
+        )
+
+    @router.get("/cluster", response_model=ClusterStatus, summary="Every node and job")
+    async def cluster() -> ClusterStatus:
+        """Every live node and every job of the project, as stored in Redis: the same from
+        every replica. Read-only; the actions are on `jobs.admin_router`."""
+        try:
+            return await jobs.cluster_status()
+        except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis did not answer: {type(exc).__name__}"
+            ) from None
+
+    _add_probe(
+        router,
+        "ready",
+        "/health",
+        "Readiness probe: serve HTTP, report degraded jobs",
+        "503 before startup, while draining, or when the election loop is dead; 200 otherwise, "
+        "with status `degraded` and the reason while Redis has not answered for a lock "
+        "expiry: a Redis outage does not take the service out of rotation. Followers are "
+        "ready too.",
+        lambda: readiness(jobs, strict=False),
+        jobs,
+    )
+    _add_probe(
+        router,
+        "ready_jobs",
+        "/health/jobs",
+        "Readiness probe: not ready while the job system is down",
+        "As `/health`, but 503 (not `degraded`) while Redis has not answered for a lock "
+        "expiry: for replicas that exist to run the jobs.",
+        lambda: readiness(jobs, strict=True),
+        jobs,
+    )
+    _add_probe(
+        router,
+        "live",
+        "/health/live",
+        "Liveness probe",
+        "503 only when a loop of the library is dead or wedged (restarting would help); an "
+        "unreachable Redis does not fail it.",
+        lambda: liveness(jobs),
+        jobs,
+    )
+    return router
+
+
+def _add_probe(
+    router: APIRouter,
+    name: str,
+    path: str,
+    summary: str,
+    description: str,
+    check: Callable[[], Awaitable[tuple[Health, str | None]]],
+    jobs: SingletonJobs,
+) -> None:
+    """Add the probe ``name`` at ``path``: what ``check`` says; 503 when unavailable."""
+
+    async def probe(response: Response) -> HealthStatus:
+        health, reason = await check()
+        if health == "unavailable":
+            response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+        return HealthStatus(status=health, reason=reason, node_id=jobs.node_id)
+
+    router.add_api_route(
+        path,
+        probe,
+        methods=["GET"],
+        response_model=HealthStatus,
+        summary=summary,
+        description=description,
+        responses=_UNAVAILABLE,
+        name=name,
+    )
