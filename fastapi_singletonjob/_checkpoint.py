@@ -20,11 +20,12 @@ A hash of strings rather than one JSON document, because Lua's cjson would round
 (16 digits) and tokens to 14 significant digits and cannot tell ``[]`` from ``{}``; as
 strings, every value comes back exactly as written.
 
-Writes are fenced: ``_store.redis.scripts.RECORD_RUN`` and ``_store.redis.scripts.SAVE_STATE`` write only while the
-job's lock holds a value of the caller's term, checked inside Redis (``_store/checkpoints.py``
-has both stores' halves). Each sets the record's TTL to the checkpoint retention, and every
-renewal of the lock by ``ELECT`` pushes it back, so that only the record of a job no node
-leads any more expires. ``MemoryLeaseStore`` does the same on its injected clock.
+Writes are fenced: ``RECORD_RUN`` and ``SAVE_STATE`` (``_store.redis.scripts``) write only
+while the job's lock holds a value of the caller's term, checked inside Redis
+(``_store/checkpoints.py`` has both stores' halves). Each sets the record's TTL to the
+checkpoint retention, and every renewal of the lock by ``ELECT`` pushes it back, so that only
+the record of a job no node leads any more expires. ``MemoryLeaseStore`` does the same on its
+injected clock.
 
 A record that is not one (a key of another type, a hash without a whole-number
 ``iteration``) reads as no checkpoint (None), with a warning, and the next fenced write

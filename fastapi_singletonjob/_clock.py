@@ -6,7 +6,7 @@ schedule anchors and for display. Tests pass ``fastapi_singletonjob.testing.Fake
 No wall-clock step moves a deadline: an NTP step (or ``date -s``) sets ``CLOCK_REALTIME``
 only, while ``CLOCK_BOOTTIME`` (``monotonic``) and ``CLOCK_MONOTONIC`` (asyncio's timers,
 behind ``sleep``) are at most slewed, within NTP's 500 ppm, which the lease margin covers
-(``_election.elector.CLOCK_RATE_ERROR``). Where there is no ``CLOCK_BOOTTIME``, ``time.monotonic`` is
+(``_timing.CLOCK_RATE_ERROR``). Where there is no ``CLOCK_BOOTTIME``, ``time.monotonic`` is
 used, which system clock updates do not affect either (Python's guarantee, on every
 platform). A step changes ``now()`` alone, so wall-clock schedules follow it
 (docs/reliability.md, rows 23-25).

@@ -1,6 +1,6 @@
-"""Lock values: the one place that builds and parses
-``"<fencing token>|<owner id>"`` (the Lua scripts in ``_store/redis/scripts.py`` write the same form), and
-owner ids ``"<node id>#<instance nonce>"``."""
+"""Lock values: the one place that builds and parses ``"<fencing token>|<owner id>"`` (the
+Lua scripts in ``_store/redis/scripts.py`` write the same form), and owner ids
+``"<node id>#<instance nonce>"``."""
 
 from __future__ import annotations
 

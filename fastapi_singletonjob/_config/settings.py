@@ -200,7 +200,8 @@ class Settings:
     checkpoint_retention_s: float = DEFAULT_CHECKPOINT_RETENTION_S
     """How long a job's checkpoint outlives the last renewal of its lock by any node."""
     placement: PlacementName = "spread"
-    """How leadership is placed: spread over the live nodes, or first come (``_election.placement``)."""
+    """How leadership is placed: spread over the live nodes, or first come
+    (``_election.placement``)."""
 
     @classmethod
     def build(

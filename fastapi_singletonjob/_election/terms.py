@@ -87,7 +87,8 @@ class Terms:
     def holder_time_left(self, job: str) -> float | None:
         """Seconds the current holder's lock of ``job`` has left, as last observed (an
         underestimate), or None when unknown, without expiry, or last seen longer ago than
-        it had left (a follower does not ask about every job held elsewhere: ``_election.interest``)."""
+        it had left (a follower does not ask about every job held elsewhere:
+        ``_election.interest``)."""
         lease = self.leases[job]
         if lease.token is not None:
             return self.time_left(job)

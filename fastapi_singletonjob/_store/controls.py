@@ -1,7 +1,8 @@
 """The operators' half of both stores: controls (pause, trigger, step-down) and the one read
 of the whole cluster, on Redis (``RedisControls``) or in Python for ``memory://``
 (``MemoryControls``). The election reads the controls and keeps the membership inside its own
-``ELECT`` call (``_store.redis.scripts``); these are the calls of operators and of the cluster view."""
+``ELECT`` call (``_store.redis.scripts``); these are the calls of operators and of the
+cluster view."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ key                                            type    content
                                                        changes a control (``control``): both wake
                                                        every node's election for a round at once
 ``singletonjob:{<project>}:nodes``             hash    membership: owner id (``<node>#<nonce>``) ->
-                                                       the node's record as JSON (``_store.membership``):
+                                                       the node's record as JSON (``membership``):
                                                        node id, version, started at, its jobs and
                                                        their schedules as text, its record TTL;
                                                        written by ``ELECT`` when the node's record
@@ -47,7 +47,7 @@ key                                            type    content
 ``singletonjob:{<project>}:nodes:placement``   hash    owner id -> ``<joined>|<jobs digest>``: when
                                                        the owner's record appeared (ms of the
                                                        server clock) and a digest of its job names
-                                                       (``_store.membership``); ``#epoch`` -> a counter
+                                                       (``membership``); ``#epoch`` -> a counter
                                                        that ``ELECT`` raises whenever an owner
                                                        joins or leaves; a node reads the hash only
                                                        when the epoch it knows is not the current

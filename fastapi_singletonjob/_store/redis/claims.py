@@ -1,4 +1,5 @@
-"""Claims of instants on Redis: ``CLAIM`` calls, coalesced (``_store.redis.batch``), for ``RedisLeaseStore``."""
+"""Claims of instants on Redis: ``CLAIM`` calls, coalesced (``batch``), for
+``RedisLeaseStore``."""
 
 from __future__ import annotations
 

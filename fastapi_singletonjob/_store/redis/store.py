@@ -75,7 +75,8 @@ def _text(value: bytes | str | None) -> str | None:
 
 
 class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisReleases):
-    """Leases kept in Redis keys (see ``_store.keys``), changed only by the scripts in ``_store.redis.scripts``.
+    """Leases kept in Redis keys (see ``_store.keys``), changed only by the scripts in
+    ``_store.redis.scripts``.
 
     :param max_connections: size of the claims' pool (default ``DEFAULT_MAX_CONNECTIONS``);
         callers size it from the work, e.g. two plus the number of jobs that claim instants,
@@ -139,7 +140,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisRelease
     """How logs and errors name the store when the user passed a client."""
 
     _CLUSTER_REPLIES: tuple[type[Exception], ...] = (AskError, ClusterCrossSlotError)
-    """Replies only a Redis Cluster node gives: this server is one (see ``_store.redis.cluster``)."""
+    """Replies only a Redis Cluster node gives: this server is one (see ``cluster``)."""
 
     @property
     def max_connections(self) -> int:
