@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 _remove(workdir)
         data["meta"] = {
             "mode": "quick" if args.quick else "full",
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "duration_s": round(time.monotonic() - began, 1),
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         }
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     results["run"] = {
         "mode": "quick" if args.quick else "full",
         "families": names,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "duration_s": round(time.monotonic() - started, 1),
         "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
     }

@@ -89,7 +89,7 @@ def _delta(
 async def _reached(gate: tuple[asyncio.Event, asyncio.Event], what: str) -> None:
     try:
         await asyncio.wait_for(gate[0].wait(), 30.0)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise RuntimeError(f"not within 30 s: {what}") from None
 
 

@@ -37,7 +37,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +126,10 @@ async def _cpu_apscheduler(counter: Counter, jobs: int, period: float) -> Any:
     module = optional("apscheduler.schedulers.asyncio")
     if module is None:
         raise SystemExit("apscheduler is not installed")
-    scheduler = module.AsyncIOScheduler(timezone=timezone.utc)
+    scheduler = module.AsyncIOScheduler(timezone=UTC)
     # The first run on the grid of instants the other variants use, a period or two ahead:
     # the measuring window (after the warm-up) must not open before it.
-    first = datetime.fromtimestamp((math.floor(time.time() / period) + 2) * period, timezone.utc)
+    first = datetime.fromtimestamp((math.floor(time.time() / period) + 2) * period, UTC)
     for i in range(jobs):
         scheduler.add_job(
             counter.tick,
@@ -249,8 +249,8 @@ async def memory_child(args: argparse.Namespace) -> Json:
         module = optional("apscheduler.schedulers.asyncio")
         if module is None:
             raise SystemExit("apscheduler is not installed")
-        scheduler = module.AsyncIOScheduler(timezone=timezone.utc)
-        run_now = datetime.now(timezone.utc)
+        scheduler = module.AsyncIOScheduler(timezone=UTC)
+        run_now = datetime.now(UTC)
         for i in range(args.jobs):
             scheduler.add_job(
                 job,
@@ -336,8 +336,8 @@ async def _lifecycle_apscheduler(count: int) -> Json | None:
             last.set_result(stamp)
 
     t_reg = time.perf_counter()
-    scheduler = module.AsyncIOScheduler(timezone=timezone.utc)
-    run_now = datetime.now(timezone.utc)
+    scheduler = module.AsyncIOScheduler(timezone=UTC)
+    run_now = datetime.now(UTC)
     for i in range(count):
         scheduler.add_job(
             job, "interval", seconds=3600, next_run_time=run_now, id=f"j{i}", max_instances=1

@@ -40,7 +40,7 @@ import resource
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -196,7 +196,7 @@ async def run_apscheduler(
     events = optional("apscheduler.events")
     if asyncio_mod is None or events is None:
         raise SystemExit("apscheduler is not installed")
-    scheduler = asyncio_mod.AsyncIOScheduler(timezone=timezone.utc)
+    scheduler = asyncio_mod.AsyncIOScheduler(timezone=UTC)
     pending: collections.deque[float] = collections.deque()
 
     def submitted(event: Any) -> None:
@@ -214,7 +214,7 @@ async def run_apscheduler(
     async def other() -> None:
         await asyncio.sleep(BODY_FRACTION * BACKGROUND_PERIOD_S)
 
-    first = datetime.fromtimestamp(window.t0 + offset, timezone.utc)
+    first = datetime.fromtimestamp(window.t0 + offset, UTC)
     scheduler.add_job(
         measured, "interval", seconds=period, start_date=first, id="measured", max_instances=1
     )

@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
@@ -180,7 +180,7 @@ class Demo:
         wait_s = self.timing.heartbeat_s + LONG_WAIT_S
         self.cli("pause", job)
         self.watch_until(lambda: self.tracker.views[job].paused, wait_s, f"{job} shown paused")
-        paused_at = datetime.now(timezone.utc)
+        paused_at = datetime.now(UTC)
         self.watch(hold_s)
         view = self.tracker.views[job]
         last = view.last_run
@@ -189,7 +189,7 @@ class Demo:
         where = f"its last run started before the pause, on {last[0]}" if last else "no run yet"
         self.out.event("demo", f"{job} paused for {hold_s:.1f}s: no new run ({where})")
         self.cli("resume", job)
-        resumed_at = datetime.now(timezone.utc)
+        resumed_at = datetime.now(UTC)
 
         def runs_again() -> bool:
             last = self.tracker.views[job].last_run

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -99,7 +99,7 @@ class PriceBook:
                 return False
             self.quotes = dict(quotes)
             self.fencing_token = fencing_token
-            self.written_at = datetime.now(timezone.utc)
+            self.written_at = datetime.now(UTC)
             return True
 
 

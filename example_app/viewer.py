@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .cluster import HOST, Process
@@ -255,4 +255,4 @@ def _clock(text: str) -> str:
 
 def ago(text: str) -> float:
     """Seconds since an ISO 8601 instant."""
-    return (datetime.now(timezone.utc) - instant(text)).total_seconds()
+    return (datetime.now(UTC) - instant(text)).total_seconds()

@@ -185,7 +185,7 @@ async def within(call: Awaitable[T], timeout_s: float) -> T:
         task.add_done_callback(_discard)
         task.cancel()
         await asyncio.wait({task})
-        raise asyncio.TimeoutError
+        raise TimeoutError
     return task.result()
 
 

@@ -40,7 +40,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 from ._errors import ConfigurationError
@@ -85,7 +85,7 @@ JSONValue: TypeAlias = Union[  # noqa: UP007 (a recursive alias needs the string
     None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]
 ]
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US = timedelta(microseconds=1)
 ITERATION_DIGITS = 18  # HINCRBY's 64 bits; the scripts repair a longer count the same way
 

@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TextIO
 
-from redis.exceptions import RedisError
-
 from ._errors import ConfigurationError, JobNotFound
 from ._singletonjobs import SingletonJobs
+from ._store.base import STORE_ERRORS
 from ._store.controls import DEFAULT_CONTROL_TIMEOUT_S
 from ._web.cluster_view import ClusterStatus
 
@@ -112,7 +111,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except JobNotFound as exc:
         _say(sys.stderr, f"singletonjob: {exc}")
         return EXIT_NO_JOB
-    except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
+    except STORE_ERRORS as exc:
         _say(
             sys.stderr,
             f"singletonjob: Redis at {jobs.store_description} did not answer: "

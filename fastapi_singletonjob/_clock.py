@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 __all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock"]
@@ -66,7 +66,7 @@ class SystemClock:
 
     def now(self) -> datetime:
         """See ``Clock.now``."""
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     async def sleep(self, seconds: float) -> None:
         """See ``Clock.sleep``."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -39,7 +39,7 @@ CLAIM_EVERY_TICK_MIN_PERIOD_S = 1.0
 """Fixed-rate ticks at least this far apart are each claimed in the store before they run (a
 round trip per tick is cheap at that rate); faster ones claim the first tick of each term."""
 
-_UTC = timezone.utc
+_UTC = UTC
 _EPOCH = datetime(1970, 1, 1, tzinfo=_UTC)
 _ONE_US = timedelta(microseconds=1)
 _US_PER_S = 1_000_000

@@ -16,7 +16,7 @@ import asyncio
 import heapq
 import itertools
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 __all__ = ["FakeClock"]
 
@@ -30,7 +30,7 @@ class FakeClock:
     """
 
     def __init__(self, start: datetime | None = None) -> None:
-        self._wall_start = start or datetime(2026, 1, 1, tzinfo=timezone.utc)
+        self._wall_start = start or datetime(2026, 1, 1, tzinfo=UTC)
         if self._wall_start.tzinfo is None:
             raise ValueError("FakeClock(start=...) must be timezone-aware")
         self._monotonic = 1000.0

@@ -30,7 +30,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -640,7 +640,7 @@ def instants(after: float, until: float) -> list[float]:
     """The cron instants ``t`` with ``after < t <= until`` (Unix seconds)."""
     schedule = Cron(CRON)
     found = []
-    instant = schedule.next_fire(datetime.fromtimestamp(after, timezone.utc))
+    instant = schedule.next_fire(datetime.fromtimestamp(after, UTC))
     while instant is not None and instant.timestamp() <= until:
         found.append(instant.timestamp())
         instant = schedule.next_fire(instant)

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Protocol
 
 import pytest
@@ -44,7 +44,7 @@ from fastapi_singletonjob._store.redis.store import RedisLeaseStore
 JOB = "export"
 TTL_S = 5.0
 RETENTION_S = 7 * 24 * 3600.0
-SCHEDULED = datetime(2024, 5, 17, 3, 0, 0, 123457, tzinfo=timezone.utc)
+SCHEDULED = datetime(2024, 5, 17, 3, 0, 0, 123457, tzinfo=UTC)
 COMPLETED = SCHEDULED + timedelta(seconds=1, microseconds=1)
 
 
@@ -309,9 +309,9 @@ async def test_save_state_before_the_first_run_ends_starts_at_iteration_0(case: 
 
 
 MOMENTS = {
-    "microseconds": datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=timezone.utc),
-    "epoch": datetime(1970, 1, 1, tzinfo=timezone.utc),
-    "year-9999": datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc),
+    "microseconds": datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC),
+    "epoch": datetime(1970, 1, 1, tzinfo=UTC),
+    "year-9999": datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
     "other-zone": datetime(2024, 7, 1, 9, 30, 0, 1, tzinfo=timezone(timedelta(hours=8))),
 }
 
@@ -328,7 +328,7 @@ async def test_times_round_trip_to_the_microsecond(case: Case, moment: datetime)
     read = await case.store.read_checkpoint(JOB)
     assert written == read and read is not None
     assert read.last_scheduled_at == moment and read.last_completed_at == completed
-    assert read.last_scheduled_at.tzinfo == timezone.utc
+    assert read.last_scheduled_at.tzinfo == UTC
 
 
 async def test_reset_deletes_the_record(case: Case) -> None:

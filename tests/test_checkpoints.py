@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from fastapi_singletonjob import (
 )
 from fastapi_singletonjob.testing import FakeClock
 
-START = datetime(2026, 3, 1, 0, 59, 30, tzinfo=timezone.utc)  # 30 s before 01:00
+START = datetime(2026, 3, 1, 0, 59, 30, tzinfo=UTC)  # 30 s before 01:00
 
 Factory = Callable[..., SingletonJobs]
 
@@ -212,7 +212,7 @@ def cron_jobs(make: Factory, node: str, runs: list[datetime], **options: Any) ->
 
 
 def at(hour: int) -> datetime:
-    return datetime(2026, 3, 1, hour, tzinfo=timezone.utc)
+    return datetime(2026, 3, 1, hour, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import contextlib
 import hashlib
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import pytest
@@ -33,7 +33,7 @@ from fastapi_singletonjob._job import dependencies as _dependencies
 from fastapi_singletonjob._run.runner import JobRunner
 from fastapi_singletonjob.testing import FakeClock
 
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 EVERY_S = 1.0
 RUN_TIMEOUT_S = 5.0
 """Real seconds a run may take: sync jobs and sync dependencies run in threads."""
@@ -403,7 +403,7 @@ async def test_job_context_parameters_in_any_position_alongside_depends(
     (first, middle, last, a, b), second = seen
     assert first is middle is last
     assert (first.job, first.node_id, first.fencing_token, first.iteration) == ("mixed", "a", 1, 1)
-    assert first.scheduled_at == datetime(2026, 1, 1, 0, 0, 1, tzinfo=timezone.utc)
+    assert first.scheduled_at == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
     assert (a, b) == (1, 2)
     assert second[0].iteration == 2, "each run gets its own context"
 

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -154,7 +154,7 @@ async def test_item3_a_held_reply_without_a_token_is_never_a_term() -> None:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock(datetime(2026, 3, 1, 2, 0, tzinfo=timezone.utc))
+    return FakeClock(datetime(2026, 3, 1, 2, 0, tzinfo=UTC))
 
 
 @pytest.fixture

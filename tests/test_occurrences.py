@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -15,8 +15,8 @@ from fastapi_singletonjob import DropReason, JobContext, SingletonJobs
 from fastapi_singletonjob.testing import FakeClock
 
 # 02:59:50 UTC: the daily 03:00 instant comes 10 s after the start
-START = datetime(2026, 3, 1, 2, 59, 50, tzinfo=timezone.utc)
-THREE = datetime(2026, 3, 1, 3, 0, tzinfo=timezone.utc)
+START = datetime(2026, 3, 1, 2, 59, 50, tzinfo=UTC)
+THREE = datetime(2026, 3, 1, 3, 0, tzinfo=UTC)
 
 Factory = Callable[..., SingletonJobs]
 

@@ -5,7 +5,7 @@ auth. The same on a real Redis with real processes: ``test_operations_processes.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated
 
 import httpx
@@ -28,7 +28,7 @@ Pair = tuple[SingletonJobs, SingletonJobs, Runs]
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    return FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
 
 
 def node(clock: FakeClock, url: str, node_id: str, runs: Runs) -> SingletonJobs:

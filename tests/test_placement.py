@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -146,7 +146,7 @@ def test_moves_per_round_must_be_positive() -> None:
 def spreader_of(node_id: str, members: list[str], jobs: list[str]) -> tuple[Spreader, FakeClock]:
     """A ``Spreader`` for ``node_id`` whose membership names ``members`` (settled, all
     running ``jobs``), and its clock, a heartbeat (0.1 s) past the membership's change."""
-    record = MemberRecord(node_id, f"{node_id}#0", "t", datetime.now(timezone.utc), ttl_s=0.5)
+    record = MemberRecord(node_id, f"{node_id}#0", "t", datetime.now(UTC), ttl_s=0.5)
     membership = Membership(record)
     membership.digest = jobs_digest(jobs)
     flat = [item for node in members for item in (f"{node}#0", f"0|{membership.digest}")]

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import httpx
@@ -527,7 +527,7 @@ def fake_clock_jobs(clock: FakeClock, url: str) -> SingletonJobs:
 
 
 async def test_liveness_fails_while_the_election_loop_is_wedged() -> None:
-    clock = FakeClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
     jobs = fake_clock_jobs(clock, "memory://router-wedged")
     async with serve(make_app(jobs)) as client:
         await clock.advance(1.0)
@@ -545,7 +545,7 @@ async def test_liveness_fails_while_the_election_loop_is_wedged() -> None:
 
 
 async def test_status_returns_what_get_jobs_serves() -> None:
-    clock = FakeClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
     jobs = fake_clock_jobs(clock, "memory://router-status")
     release = asyncio.Event()
 

@@ -7,7 +7,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
 import pytest
@@ -17,7 +17,7 @@ from fastapi_singletonjob import DropReason, JobContext, Outcome, SingletonJobs
 from fastapi_singletonjob._engine.engine import Engine
 from fastapi_singletonjob.testing import FakeClock
 
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @dataclass
@@ -105,7 +105,7 @@ async def test_fixed_rate_ticks_on_the_epoch_grid_without_drift(
     instants = [run.scheduled_at for run in journal.runs]
     assert len(instants) >= 3990
     for instant in instants:
-        micros = (instant - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+        micros = (instant - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
         assert micros % 250_000 == 100_000
     assert all(b - a == timedelta(milliseconds=250) for a, b in pairwise(instants))
     late = [run.started - (run.scheduled_at - START).total_seconds() for run in journal.runs]
@@ -207,7 +207,7 @@ async def test_cron_in_a_time_zone_fires_once_a_day(
 
     await jobs.start()
     await clock.advance(3 * 86400.0)
-    assert [run.scheduled_at.astimezone(timezone.utc).hour for run in journal.runs] == [19] * 3
+    assert [run.scheduled_at.astimezone(UTC).hour for run in journal.runs] == [19] * 3
     assert len({run.scheduled_at.date() for run in journal.runs}) == 3
 
 

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import redis
@@ -401,7 +401,7 @@ async def test_item11_an_instant_ahead_of_the_store_clock_is_not_claimed(case: C
     store = case.store
     token = await new_term(store, "n1")
     value = f"{token}|n1"
-    now_us = int(datetime.now(timezone.utc).timestamp() * 1_000_000)
+    now_us = int(datetime.now(UTC).timestamp() * 1_000_000)
     year_us = 365 * 24 * 3600 * 1_000_000
 
     assert await store.claim("job", value, now_us + year_us) == -2
@@ -495,7 +495,7 @@ async def test_redis_one_round_trip_elects_all_jobs(
     store = RedisLeaseStore(unique_project, url=server.url)
     requests = [LeaseRequest(f"job-{i}", TTL_S) for i in range(20)]
     # With a membership record and an operator's control: still that one call.
-    record = MemberRecord("n1", "n1", "0", datetime.now(timezone.utc), {"job-0": "every 1s"}, 1)
+    record = MemberRecord("n1", "n1", "0", datetime.now(UTC), {"job-0": "every 1s"}, 1)
     store.announce(Membership(record))
     await store.set_control(_keys.control_field("paused", "job-3"), "{}")
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import redis.asyncio
@@ -156,7 +156,7 @@ async def claims_and_an_elect(lease_store: RedisLeaseStore, jobs: int) -> None:
     names = [f"cron-{i}" for i in range(jobs)]
     terms = await lease_store.elect("n1", [LeaseRequest(name, TTL_S) for name in names])
     assert all(reply.held and reply.value for reply in terms)
-    instant_us = int(datetime.now(timezone.utc).timestamp() * 1_000_000)
+    instant_us = int(datetime.now(UTC).timestamp() * 1_000_000)
     claims = [lease_store.claim(r.job, r.value or "", instant_us) for r in terms]
     renewal = lease_store.elect("n1", [LeaseRequest(r.job, TTL_S, r.value) for r in terms])
 
@@ -403,7 +403,7 @@ async def test_item11_an_instant_ahead_is_not_recorded(
 ) -> None:
     [reply] = await store.elect("n1", [LeaseRequest("job", TTL_S)])
     assert reply.value is not None
-    now_us = int(datetime.now(timezone.utc).timestamp() * 1_000_000)
+    now_us = int(datetime.now(UTC).timestamp() * 1_000_000)
     year_us = 365 * 24 * 3600 * 1_000_000
 
     assert await store.claim("job", reply.value, now_us + year_us) == -2

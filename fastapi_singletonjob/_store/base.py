@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from redis.exceptions import RedisError
+
 from .._checkpoint import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     Checkpoint,
@@ -24,6 +26,7 @@ from .._lock_value import (
 )
 
 __all__ = [
+    "STORE_ERRORS",
     "DEFAULT_KEEPALIVE_S",
     "DEFAULT_MAX_AHEAD_US",
     "LeaseReply",
@@ -33,6 +36,11 @@ __all__ = [
     "ReleaseListener",
     "parse_notice",
 ]
+
+STORE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
+"""What a store call raises when the store fails (``TimeoutError`` and ``ConnectionError``,
+the library's own ``StoreReadOnly`` and ``StoreMismatch`` included, are ``OSError``s):
+callers that report a failed call catch these, and let anything else (a bug) through."""
 
 DEFAULT_MAX_AHEAD_US = 1_000_000
 """How far (µs) a claimed instant may lie ahead of the store's clock: a node whose wall clock

@@ -277,7 +277,7 @@ class RedisCheckpoints:
         replica (see ``RedisLeaseStore._read_only``)."""
         try:
             return await asyncio.wait_for(call, timeout_s)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ConnectionError(
                 f"Redis at {self._shown} did not {what} within {timeout_s:g}s"
             ) from exc

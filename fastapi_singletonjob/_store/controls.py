@@ -10,7 +10,7 @@ import asyncio
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.asyncio import Redis
@@ -164,14 +164,14 @@ class RedisControls:
             pipe.hgetall(_keys.project_key(project, "controls"))
             (seconds, micros), records, expiries, raw_controls = await pipe.execute()
         now_ms = seconds * 1000 + micros // 1000
-        now = datetime.fromtimestamp(now_ms / 1000, timezone.utc)
+        now = datetime.fromtimestamp(now_ms / 1000, UTC)
         members = []
         for owner_raw, score in expiries:
             owner = _text(owner_raw) or ""
             text = _text(records.get(owner_raw))
             record = MemberRecord.from_json(owner, text) if text and score > now_ms else None
             if record is not None:
-                members.append((record, datetime.fromtimestamp(score / 1000, timezone.utc)))
+                members.append((record, datetime.fromtimestamp(score / 1000, UTC)))
         controls = {_text(k) or "": _text(v) or "" for k, v in raw_controls.items()}
         names = sorted(_job_names(members, controls).union(extra))
         async with self._claims.pipeline(transaction=False) as pipe:

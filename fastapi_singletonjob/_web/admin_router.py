@@ -8,15 +8,14 @@ authentication, for example::
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, Field
-from redis.exceptions import RedisError
 
 from .._errors import JobNotFound
+from .._store.base import STORE_ERRORS
 
 if TYPE_CHECKING:
     from .._singletonjobs import SingletonJobs
@@ -59,7 +58,7 @@ def _add_action(
             await call(name)
         except JobNotFound as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-        except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
+        except STORE_ERRORS as exc:
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis did not answer: {type(exc).__name__}"
             ) from None

@@ -7,7 +7,7 @@ every replica, and the CLI, which has no job definitions, see the same thing.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, Field
 
@@ -18,7 +18,7 @@ from .status import CheckpointStatus
 
 __all__ = ["ClusterJob", "ClusterNode", "ClusterStatus", "cluster_status"]
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class ClusterNode(BaseModel):

@@ -8,13 +8,12 @@ where it is included::
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException, Response, status
-from redis.exceptions import RedisError
 
+from .._store.base import STORE_ERRORS
 from .cluster_view import ClusterStatus
 from .status import (
     Health,
@@ -83,7 +82,7 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
         every replica. Read-only; the actions are on `jobs.admin_router`."""
         try:
             return await jobs.cluster_status()
-        except (RedisError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
+        except STORE_ERRORS as exc:
             raise HTTPException(
                 status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis did not answer: {type(exc).__name__}"
             ) from None

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -275,7 +275,7 @@ async def test_row25_follower_behind_takes_over_after_a_cron_run(
     record.add(
         "25",
         "follower-30s-behind",
-        last_run_by_a=datetime.fromtimestamp(run.scheduled, timezone.utc).isoformat(),
+        last_run_by_a=datetime.fromtimestamp(run.scheduled, UTC).isoformat(),
         runs_by_b_in_3s=len(by_b),
         b_first_run_s=(by_b[0].start - killed_at) if by_b else None,
     )
@@ -342,8 +342,8 @@ async def test_row40_leader_killed_around_a_cron_instant(
 
 # Row 39: daylight-saving changes, end to end. The replica's wall clock starts a few seconds
 # before the change (libfaketime); its cron job is in America/New_York.
-FALL_BACK_UTC = datetime(2026, 11, 1, 6, 0, tzinfo=timezone.utc)  # 02:00 EDT -> 01:00 EST
-SPRING_FORWARD_UTC = datetime(2026, 3, 8, 7, 0, tzinfo=timezone.utc)  # 02:00 EST -> 03:00 EDT
+FALL_BACK_UTC = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)  # 02:00 EDT -> 01:00 EST
+SPRING_FORWARD_UTC = datetime(2026, 3, 8, 7, 0, tzinfo=UTC)  # 02:00 EST -> 03:00 EDT
 
 
 async def dst_runs(cluster: Cluster, job: JobConfig, change: datetime) -> list[Run]:

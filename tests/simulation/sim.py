@@ -56,7 +56,7 @@ import re
 import selectors
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from opentelemetry import metrics, trace
@@ -95,10 +95,10 @@ QUIET_S = 1.5
 FIXED_RATE_EVERY_S = 0.25
 INTERVAL_EVERY_S = 0.2
 CRON_EXPRESSION = "* * * * * *"  # every second (6th field: seconds)
-WALL_START = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+WALL_START = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 LOOP_START = 1000.0
 PROJECT = "sim"
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _WALL_START_US = (WALL_START - _EPOCH) // timedelta(microseconds=1)
 _EPSILON_S = 1e-11
 _PAD_S = 1e-9

@@ -102,7 +102,7 @@ class RedisReleases:
         """Await a call of the release subscription; ``ConnectionError`` past ``timeout_s``."""
         try:
             await asyncio.wait_for(call, timeout_s)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ConnectionError(
                 f"the release subscription to {self._shown} could not {what} within "
                 f"{timeout_s:g}s: its connection is dead"
