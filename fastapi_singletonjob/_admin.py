@@ -16,7 +16,7 @@ from fastapi import APIRouter
 from ._checkpoint import Checkpoint
 from ._errors import JobNotFound
 from ._store import keys as _keys
-from ._store.controls import ControlStore
+from ._store.base import Store
 from ._web.admin_router import create_admin_router
 from ._web.cluster_view import ClusterStatus, cluster_status
 from ._web.router import create_router
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._engine.engine import Engine
     from ._job.spec import JobSpec
     from ._singletonjobs import SingletonJobs
-    from ._store.open import Store
+    from ._store.base import Store
 
 __all__ = ["Operations"]
 
@@ -66,7 +66,7 @@ class Operations:
         """Every live node and every job of the project, as stored in Redis: the same from
         every replica (two round trips). Works before startup too."""
         async with self._store() as store:
-            data = await cast(ControlStore, store).read_cluster(self._specs)
+            data = await store.read_cluster(self._specs)
         return cluster_status(self.settings.project, data)
 
     async def pause(self, job: str) -> None:
@@ -94,7 +94,7 @@ class Operations:
 
     async def _control(self, job: str, field: str, value: str | None) -> None:
         async with self._store() as store:
-            controls = cast(ControlStore, store)
+            controls = store
             if job not in self._specs:
                 known = (await controls.read_cluster()).jobs
                 if job not in known:

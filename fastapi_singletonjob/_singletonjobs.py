@@ -30,7 +30,8 @@ from ._job.spec import (
     interval_schedule,
 )
 from ._schedule import Schedule
-from ._store.open import Store, open_store
+from ._store.base import Store
+from ._store.open import open_store
 from ._telemetry import Telemetry
 
 __all__ = ["SingletonJobs"]

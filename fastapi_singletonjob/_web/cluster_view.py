@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from .._lock_value import node_of, parse_lock_value, shown_lock_value
 from .._store import keys as _keys
-from .._store.controls import ClusterData, JobData
+from .._store.base import ClusterData, JobData
 from .status import CheckpointStatus
 
 __all__ = ["ClusterJob", "ClusterNode", "ClusterStatus", "cluster_status"]

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field
 
 from .._checkpoint import Checkpoint
-from .._engine.engine import Engine, EngineState
-from .._engine.snapshot import EngineSnapshot
+from .._engine.engine import Engine
+from .._engine.snapshot import EngineSnapshot, EngineState
 from .._outcomes import DropReason, JobStats, Outcome, RunRecord
 
 if TYPE_CHECKING:
