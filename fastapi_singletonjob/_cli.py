@@ -20,7 +20,7 @@ from typing import TextIO
 from ._errors import ConfigurationError, JobNotFound
 from ._singletonjobs import SingletonJobs
 from ._store.base import DEFAULT_CONTROL_TIMEOUT_S, STORE_ERRORS
-from ._web.cluster_view import ClusterStatus
+from ._web.models import ClusterStatus
 
 __all__ = ["EXIT_ERROR", "EXIT_NO_JOB", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
 
