@@ -19,7 +19,11 @@ from openapi_spec_validator import validate
 from servers import RedisServerFactory
 from waiting import wait_until
 
-from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob import Checkpoint, ClusterStatus, JobContext, SingletonJobs
+from fastapi_singletonjob._config.settings import Settings
+from fastapi_singletonjob._engine.snapshot import EngineSnapshot, EngineState, StoreSnapshot
+from fastapi_singletonjob._job.spec import JobSpec
+from fastapi_singletonjob._web.router import create_router
 from fastapi_singletonjob.testing import FakeClock
 
 HEARTBEAT_S = 0.05
@@ -438,6 +442,76 @@ async def test_liveness_fails_when_a_builtin_schedule_loop_died() -> None:
         jobs.engine.runners["boom"].crashed = RuntimeError("library bug")
         live = await get_json(client, f"{PREFIX}/health/live", 503)
     assert live["reason"] == "the schedule of job 'boom' failed: RuntimeError('library bug')"
+
+
+class RunningSource:
+    """A ``StatusSource`` double: a running node with no jobs, a store that answers, and the
+    background tasks that ``failed_tasks`` says died."""
+
+    project = "double"
+    node_id = "node-d"
+    store_description = "memory://double"
+
+    def __init__(self, failed_tasks: dict[str, str]) -> None:
+        self.failed_tasks = failed_tasks
+        self.settings = Settings.build(
+            redis_url="memory://double",
+            has_client=False,
+            project=self.project,
+            node_id=self.node_id,
+            heartbeat_interval=1.0,
+            lock_expiry=3.0,
+            max_backoff=2.0,
+            shutdown_timeout=1.0,
+            env={},
+        )
+        self.jobs: dict[str, JobSpec] = {}
+
+    def snapshot(self) -> EngineSnapshot | None:
+        store = StoreSnapshot(
+            last_success_s_ago=0.1, round_trip_s=0.001, failures=0, last_error=None
+        )
+        return EngineSnapshot(
+            state=EngineState.RUNNING,
+            election_alive=True,
+            timer_alive=True,
+            last_round_s_ago=0.1,
+            longest_lease_s=3.0,
+            store=store,
+            jobs={},
+            failed_tasks=self.failed_tasks,
+        )
+
+    async def checkpoint(self, job: str) -> Checkpoint | None:
+        raise AssertionError("no job, no checkpoint read")
+
+    async def cluster_status(self) -> ClusterStatus:
+        raise AssertionError("not asked")
+
+    async def probe_store(self, within_s: float) -> bool:
+        raise AssertionError("the store answers: no probe")
+
+
+async def test_liveness_fails_when_a_background_task_died() -> None:
+    """A dead background task of the library (``EngineSnapshot.failed_tasks``) comes back
+    only with a restart: liveness names it (the first by name) and its error; readiness,
+    about the election, stays ok."""
+    failed = {"release-listener": "RuntimeError('bug')", "deadline-watchdog": "KeyError('x')"}
+    dead, healthy = FastAPI(), FastAPI()
+    dead.include_router(create_router(RunningSource(failed)), prefix=PREFIX)
+    healthy.include_router(create_router(RunningSource({})), prefix=PREFIX)
+    async with client_of(dead) as client:
+        live = await get_json(client, f"{PREFIX}/health/live", 503)
+        ready = await get_json(client, f"{PREFIX}/health")
+    async with client_of(healthy) as client:
+        live_again = await get_json(client, f"{PREFIX}/health/live")
+    assert live == {
+        "status": "unavailable",
+        "reason": "the background task 'deadline-watchdog' failed: KeyError('x')",
+        "node_id": "node-d",
+    }
+    assert ready == {"status": "ok", "reason": None, "node_id": "node-d"}
+    assert live_again["status"] == "ok"
 
 
 # -- no secret ----------------------------------------------------------------------------

@@ -61,8 +61,9 @@ def _store_trouble(snap: EngineSnapshot, expiry_s: float) -> str | None:
 
 
 async def liveness(source: StatusSource) -> tuple[Health, str | None]:
-    """``ok``, or ``unavailable`` with the reason a loop of the library is dead or wedged.
-    An unreachable store is *not* a liveness failure: restarting would not fix it."""
+    """``ok``, or ``unavailable`` with the reason a loop of the library is dead or wedged, or
+    one of its background tasks died (``EngineSnapshot.failed_tasks``). An unreachable store
+    is *not* a liveness failure: restarting would not fix it."""
     reason = _dead(source)
     return ("ok", None) if reason is None else ("unavailable", reason)
 
@@ -75,6 +76,9 @@ def _dead(source: StatusSource) -> str | None:
         return "the election loop has stopped"
     if snap.state is EngineState.RUNNING and not snap.timer_alive:
         return "the timer has stopped"
+    if snap.failed_tasks:
+        name = min(snap.failed_tasks)
+        return f"the background task {name!r} failed: {snap.failed_tasks[name]}"
     settings = source.settings
     # The longest a healthy loop can take between rounds is one call (bounded by the longest
     # lease) and one full backoff; twice that leaves room.
