@@ -4,11 +4,13 @@ application's own auth, OpenAPI, and no secret in any answer."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
@@ -678,3 +680,24 @@ async def test_status_returns_what_get_jobs_serves() -> None:
     assert served["store"]["last_contact_s_ago"] is not None
     assert only.pop("jobs") == [one.pop("job")]
     assert only == one
+
+
+# -- layering -----------------------------------------------------------------------------
+
+WEB = Path(__file__).parent.parent / "fastapi_singletonjob" / "_web"
+
+
+def test_the_web_layer_imports_neither_the_facade_nor_the_engine() -> None:
+    """``_web`` reads a ``StatusSource`` and calls ``AdminActions``: it imports neither
+    ``SingletonJobs``, the admin client, the CLI nor the engine, not even for types (an
+    ``if TYPE_CHECKING:`` import counts), so no import cycle runs through it."""
+    forbidden = {"_singletonjobs", "_admin", "_cli", "_engine.engine", "_engine"}
+    found: list[tuple[str, str]] = []
+    for path in sorted(WEB.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = (node.module or "").removeprefix("fastapi_singletonjob.")
+                names = {module, *(f"{module}.{a.name}".lstrip(".") for a in node.names)}
+                if names & forbidden:
+                    found.append((path.name, module))
+    assert found == []
