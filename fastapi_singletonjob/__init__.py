@@ -14,8 +14,17 @@ from ._job.dependencies import job_context
 from ._outcomes import DropReason, Outcome
 from ._schedule import Cron, FixedRate, Interval, Schedule
 from ._singletonjobs import SingletonJobs
-from ._web.cluster_view import ClusterJob, ClusterNode, ClusterStatus
-from ._web.status import HealthStatus, JobReport, JobStatus, LastRun, NodeStatus, StoreStatus
+from ._web.models import (
+    ClusterJob,
+    ClusterNode,
+    ClusterStatus,
+    HealthStatus,
+    JobReport,
+    JobStatus,
+    LastRun,
+    NodeStatus,
+    StoreStatus,
+)
 
 __version__ = "0.1.0"
 

@@ -13,15 +13,19 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TextIO
 
+from ._admin import AdminClient, StoreFactory, opened_for_the_call
+from ._clock import SYSTEM_CLOCK
+from ._config.redact import redact_url
+from ._config.settings import Settings
 from ._errors import ConfigurationError, JobNotFound
-from ._singletonjobs import SingletonJobs
-from ._store.base import STORE_ERRORS
-from ._store.controls import DEFAULT_CONTROL_TIMEOUT_S
-from ._web.cluster_view import ClusterStatus
+from ._store.base import DEFAULT_CONTROL_TIMEOUT_S, STORE_ERRORS
+from ._store.open import open_store
+from ._web.models import ClusterStatus
 
 __all__ = ["EXIT_ERROR", "EXIT_NO_JOB", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
 
@@ -31,12 +35,37 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_NO_JOB = 4
 
-_ACTIONS = {
-    "pause": ("pause", "paused"),
-    "resume": ("resume", "resumed"),
-    "trigger": ("trigger", "asked the leader for one extra run of"),
-    "step-down": ("step_down", "asked the leader to hand over"),
+NODE_ID = "singletonjob-cli"
+"""The node id the CLI signs its pauses with."""
+
+_ACTIONS: dict[str, tuple[Callable[[AdminClient, str], Awaitable[None]], str]] = {
+    "pause": (AdminClient.pause, "paused"),
+    "resume": (AdminClient.resume, "resumed"),
+    "trigger": (AdminClient.trigger, "asked the leader for one extra run of"),
+    "step-down": (AdminClient.step_down, "asked the leader to hand over"),
 }
+
+
+@dataclass(frozen=True)
+class _Project:
+    """What a command works on: the project's admin client and the store it uses."""
+
+    name: str
+    store_description: str
+    stores: StoreFactory
+    admin: AdminClient
+
+    @classmethod
+    def of(cls, settings: Settings) -> _Project:
+        """The project of ``settings``, with no jobs registered: each call opens the store
+        and closes it after."""
+        stores = opened_for_the_call(
+            lambda: open_store(settings, (), client=None, clock=SYSTEM_CLOCK)
+        )
+        admin = AdminClient(
+            stores, project=settings.project, jobs=(), clock=SYSTEM_CLOCK, node_id=NODE_ID
+        )
+        return cls(settings.project, redact_url(settings.redis_url or ""), stores, admin)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,16 +122,22 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error argparse has already printed
         return int(exc.code or 0)
     try:
-        jobs = SingletonJobs(
-            getattr(args, "redis_url", None),
+        settings = Settings.build(
+            redis_url=getattr(args, "redis_url", None),
+            has_client=False,
             project=getattr(args, "project", None),
-            node_id="singletonjob-cli",
+            node_id=NODE_ID,
+            heartbeat_interval=None,
+            lock_expiry=None,
+            max_backoff=None,
+            shutdown_timeout=None,
         )
     except ConfigurationError as exc:
         _say(sys.stderr, f"singletonjob: {exc}")
         return EXIT_USAGE
+    project = _Project.of(settings)
     try:
-        return asyncio.run(_run(jobs, args, out))
+        return asyncio.run(_run(project, args, out))
     except KeyboardInterrupt:
         return EXIT_OK
     except BrokenPipeError:  # the reader went away (`singletonjob watch --json | head`)
@@ -114,7 +149,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except STORE_ERRORS as exc:
         _say(
             sys.stderr,
-            f"singletonjob: Redis at {jobs.store_description} did not answer: "
+            f"singletonjob: Redis at {project.store_description} did not answer: "
             f"{type(exc).__name__}: {exc}".rstrip(": "),
         )
         return EXIT_UNREACHABLE
@@ -123,12 +158,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return EXIT_ERROR
 
 
-async def _run(jobs: SingletonJobs, args: argparse.Namespace, out: TextIO) -> int:
+async def _run(project: _Project, args: argparse.Namespace, out: TextIO) -> int:
     timeout_s = getattr(args, "timeout", DEFAULT_CONTROL_TIMEOUT_S)
     as_json = getattr(args, "json", False)
     if args.command in ("status", "watch"):
         while True:
-            view = await asyncio.wait_for(jobs.cluster_status(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                view = await project.admin.cluster_status()
             if as_json:
                 _say(out, json.dumps(view.model_dump(mode="json")))
             else:
@@ -140,29 +176,32 @@ async def _run(jobs: SingletonJobs, args: argparse.Namespace, out: TextIO) -> in
                 return EXIT_OK
             await asyncio.sleep(args.interval)
     if args.command == "checkpoint":
-        return await _checkpoint(jobs, args.job, args.state, as_json, timeout_s, out)
-    method, done = _ACTIONS[args.command]
-    await asyncio.wait_for(getattr(jobs, method)(args.job), timeout_s)
+        return await _checkpoint(project, args.job, args.state, as_json, timeout_s, out)
+    act, done = _ACTIONS[args.command]
+    async with asyncio.timeout(timeout_s):
+        await act(project.admin, args.job)
     if as_json:
         result = {"job": args.job, "action": args.command, "accepted": True}
         _say(out, json.dumps(result))
     else:
-        _say(out, f"{done} job {args.job!r} of project {jobs.project!r}")
+        _say(out, f"{done} job {args.job!r} of project {project.name!r}")
     return EXIT_OK
 
 
 async def _checkpoint(
-    jobs: SingletonJobs, job: str, with_state: bool, as_json: bool, timeout_s: float, out: TextIO
+    project: _Project, job: str, with_state: bool, as_json: bool, timeout_s: float, out: TextIO
 ) -> int:
-    async with jobs._store() as store:
-        view = await asyncio.wait_for(jobs.cluster_status(), timeout_s)
-        if job not in {x.name for x in view.jobs}:
-            known = ", ".join(x.name for x in view.jobs) or "none"
-            raise JobNotFound(
-                f"no job named {job!r} is registered by a live node or stored; known jobs: {known}",
-                field="job",
-            )
-        checkpoint = await asyncio.wait_for(store.read_checkpoint(job), timeout_s)
+    # Known, here, is what a live node registered or the store holds: the CLI has no jobs.
+    async with asyncio.timeout(timeout_s):
+        view = await project.admin.cluster_status()
+    if job not in {x.name for x in view.jobs}:
+        known = ", ".join(x.name for x in view.jobs) or "none"
+        raise JobNotFound(
+            f"no job named {job!r} is registered by a live node or stored; known jobs: {known}",
+            field="job",
+        )
+    async with project.stores() as store, asyncio.timeout(timeout_s):
+        checkpoint = await store.read_checkpoint(job)
     if checkpoint is None:
         _say(out, "null" if as_json else f"job {job!r} has no checkpoint")
         return EXIT_OK

@@ -1,22 +1,28 @@
-"""``SingletonJobs``: settings, job registration, and the lifespan that runs them."""
+"""``SingletonJobs``: settings, job registration, and the lifespan that runs them; the status,
+the routers and the operators' calls, delegated to ``_web`` and an ``AdminClient``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal, TypeVar
 
+from fastapi import APIRouter
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from redis.asyncio import Redis, RedisCluster
 
-from ._admin import Operations
+from ._admin import AdminClient, opened_for_the_call, require_registered
+from ._checkpoint import Checkpoint
 from ._clock import SYSTEM_CLOCK, Clock
 from ._config.redact import redact_url
 from ._config.settings import Duration, Settings
 from ._engine.engine import Engine
+from ._engine.snapshot import EngineSnapshot
 from ._errors import ConfigurationError, UsageError
 from ._job.spec import (
     JobOptions,
@@ -30,8 +36,13 @@ from ._job.spec import (
     interval_schedule,
 )
 from ._schedule import Schedule
-from ._store.open import Store, open_store
+from ._store.base import Store
+from ._store.open import open_store
 from ._telemetry import Telemetry
+from ._web.admin_router import create_admin_router
+from ._web.models import ClusterStatus, NodeStatus
+from ._web.router import create_router
+from ._web.views import node_status
 
 __all__ = ["SingletonJobs"]
 
@@ -39,8 +50,11 @@ logger = logging.getLogger("fastapi_singletonjob")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_PROBE_POLL_S = 0.01
+"""How often ``probe_store`` looks whether the election's round, brought forward, is done."""
 
-class SingletonJobs(Operations):
+
+class SingletonJobs:
     """A set of periodic jobs, each run by exactly one replica at a time.
 
     Every argument may also come from the environment (``SINGLETONJOB_REDIS_URL``,
@@ -130,6 +144,7 @@ class SingletonJobs(Operations):
         self._telemetry = Telemetry(
             self.settings.node_id, tracer_provider=tracer_provider, meter_provider=meter_provider
         )
+        self._admin = self._admin_client()
 
     @property
     def node_id(self) -> str:
@@ -162,6 +177,116 @@ class SingletonJobs(Operations):
     def engine(self) -> Engine | None:
         """The running machinery between startup and shutdown, else None."""
         return self._engine
+
+    # -- status, routers and the operators' calls -----------------------------------------
+
+    @functools.cached_property
+    def router(self) -> APIRouter:
+        """The status API and health probes: ``app.include_router(jobs.router, prefix=...)``.
+
+        ``GET /jobs``, ``GET /jobs/{name}``, ``GET /health`` (readiness) and
+        ``GET /health/live`` (liveness); see ``fastapi_singletonjob._web.router``.
+        """
+        return create_router(self)
+
+    @functools.cached_property
+    def admin_router(self) -> APIRouter:
+        """The operators' actions: ``POST /jobs/{name}/pause``, ``/resume``, ``/trigger`` and
+        ``/step-down``. Include it behind the application's own authentication::
+
+            app.include_router(jobs.admin_router, dependencies=[Depends(require_admin)])
+        """
+        return create_admin_router(self)
+
+    async def cluster_status(self) -> ClusterStatus:
+        """Every live node and every job of the project, as stored in Redis: the same from
+        every replica (two round trips). Works before startup too."""
+        return await self._admin.cluster_status()
+
+    async def pause(self, job: str) -> None:
+        """Pause ``job`` cluster-wide: its leader starts no new run (a run in flight goes on)
+        from its next election round, which this call wakes at once. Stored in Redis, so it
+        stays paused across restarts until ``resume``."""
+        await self._admin.pause(job)
+
+    async def resume(self, job: str) -> None:
+        """Undo ``pause``: the job's next instant runs as usual."""
+        await self._admin.resume(job)
+
+    async def trigger(self, job: str) -> None:
+        """Ask ``job``'s current leader for one extra run now (dropped, and logged on the
+        leader, when a run is in flight or the job is paused). Taken once, by the leader's
+        next election round, which this call wakes at once."""
+        await self._admin.trigger(job)
+
+    async def step_down(self, job: str) -> None:
+        """Ask ``job``'s leader to hand it over: it releases the lock once no run is in
+        flight, another node takes it over at the release notice, and the node that stepped
+        down stays out of that job's election for one lock expiry."""
+        await self._admin.step_down(job)
+
+    def status(self, job: str | None = None) -> NodeStatus:
+        """A snapshot of this node and its jobs (or only ``job``), as the router serves it."""
+        if job is not None:
+            require_registered(job, self._specs)
+        return node_status(self, only=job)
+
+    async def checkpoint(self, job: str) -> Checkpoint | None:
+        """``job``'s checkpoint as stored, the same from every replica; None before its first
+        run. Works before startup too (it opens a connection for the call)."""
+        return await self._admin.checkpoint(job)
+
+    async def reset_checkpoint(self, job: str) -> bool:
+        """Delete ``job``'s checkpoint (an operator's action, not fenced): its next run starts
+        from iteration 1 and no state. True if there was one."""
+        return await self._admin.reset_checkpoint(job)
+
+    def snapshot(self) -> EngineSnapshot | None:
+        """A consistent picture of the running engine, as the status and the probes read it;
+        None before startup and after shutdown."""
+        engine = self._engine
+        return None if engine is None else engine.snapshot()
+
+    async def probe_store(self, within_s: float) -> bool:
+        """Whether the store answers a PING within ``within_s`` now and, woken by it, the
+        election then completes a round within ``within_s`` more (measured on the clock);
+        False before startup. The readiness probe calls it when the store seemed in trouble:
+        the election may be waiting out its backoff."""
+        engine = self._engine
+        if engine is None:
+            return False
+        elector, began = engine.elector, self._clock.monotonic()
+        try:
+            async with asyncio.timeout(within_s):
+                await engine.store.ping()
+        except Exception:  # whatever the client raises (a cluster's RedisClusterException too)
+            return False
+        elector.retry_now()
+        deadline = self._clock.monotonic() + within_s
+        while not (elector.failures == 0 and (elector.last_success_at or -math.inf) >= began):
+            left_s = deadline - self._clock.monotonic()
+            if left_s <= 0:
+                return False
+            await self._clock.sleep(min(_PROBE_POLL_S, left_s))
+        return True
+
+    def _admin_client(self) -> AdminClient:
+        return AdminClient(
+            self._store,
+            project=self.settings.project,
+            jobs=self._specs.keys(),
+            clock=self._clock,
+            node_id=self.settings.node_id,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _store(self) -> AsyncIterator[Store]:
+        """The running engine's store, or one opened for the call."""
+        if self._engine is not None:
+            yield self._engine.store
+            return
+        async with opened_for_the_call(self._open_store)() as store:
+            yield store
 
     # -- registration ---------------------------------------------------------------------
 
@@ -294,6 +419,7 @@ class SingletonJobs(Operations):
                 "lifespan does), or use a second SingletonJobs"
             )
         self.settings = self.settings.for_this_process()
+        self._admin = self._admin_client()  # a forked worker's new node id signs its pauses
         store = self._open_store()
         try:
             engine = Engine(

@@ -16,7 +16,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Protocol
 
 import pytest
 import redis
@@ -37,7 +36,7 @@ from fastapi_singletonjob._clock import SystemClock
 from fastapi_singletonjob._errors import ConfigurationError
 from fastapi_singletonjob._outcomes import Outcome
 from fastapi_singletonjob._store import keys as _keys
-from fastapi_singletonjob._store.base import CheckpointStore, LeaseRequest, LeaseStore
+from fastapi_singletonjob._store.base import LeaseRequest, Store
 from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob._store.redis.store import RedisLeaseStore
 
@@ -46,10 +45,6 @@ TTL_S = 5.0
 RETENTION_S = 7 * 24 * 3600.0
 SCHEDULED = datetime(2024, 5, 17, 3, 0, 0, 123457, tzinfo=UTC)
 COMPLETED = SCHEDULED + timedelta(seconds=1, microseconds=1)
-
-
-class Store(LeaseStore, CheckpointStore, Protocol):
-    """What these tests use of a store: terms, to write with, and checkpoints."""
 
 
 @dataclass

@@ -12,11 +12,10 @@ import pytest
 from fastapi_singletonjob._election.elector import Elector
 from fastapi_singletonjob._election.lease import Lease
 from fastapi_singletonjob._store.base import (
-    DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
+    ClaimResult,
     LeaseReply,
     LeaseRequest,
-    ReleaseListener,
 )
 from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob._timing import lease_deadline, next_attempt_delay, until_beat_s
@@ -26,11 +25,11 @@ HEARTBEAT = 1.0
 TTL = 3.0
 
 
-class FlakyStore:
+class FlakyStore(MemoryLeaseStore):
     """A memory store that can be made to fail, as an unreachable Redis would."""
 
-    def __init__(self, inner: MemoryLeaseStore) -> None:
-        self.inner = inner
+    def __init__(self, project: str, clock: FakeClock) -> None:
+        super().__init__(project, clock)
         self.down = False
         self.calls = 0
         self.pings = 0
@@ -42,41 +41,33 @@ class FlakyStore:
         self.asked.append([request.job for request in requests])
         if self.down:
             raise ConnectionError("store unreachable")
-        return await self.inner.elect(node_id, requests)
+        return await super().elect(node_id, requests)
 
     async def release(
         self, node_id: str, values: dict[str, str], last_us: Mapping[str, int] | None = None
     ) -> int:
         if self.down:
             raise ConnectionError("store unreachable")
-        return await self.inner.release(node_id, values, last_us)
+        return await super().release(node_id, values, last_us)
 
     async def claim(
         self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
-    ) -> int:
+    ) -> ClaimResult:
         if self.down:
             raise ConnectionError("store unreachable")
-        return await self.inner.claim(job, value, instant_us, max_ahead_us=max_ahead_us)
-
-    async def listen_releases(
-        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
-    ) -> None:
-        await self.inner.listen_releases(on_release)
+        return await super().claim(job, value, instant_us, max_ahead_us=max_ahead_us)
 
     async def ping(self) -> None:
         self.pings += 1
         if self.down:
             raise ConnectionError("store unreachable")
 
-    async def aclose(self) -> None:
-        pass
-
 
 class Node:
     def __init__(
         self, name: str, clock: FakeClock, jobs: Sequence[str] = ("job",), ttl_s: float = TTL
     ) -> None:
-        self.store = FlakyStore(MemoryLeaseStore("p", clock))
+        self.store = FlakyStore("p", clock)
         self.elector = Elector(
             store=self.store,
             node_id=name,
@@ -244,7 +235,7 @@ async def test_deleted_lock_starts_a_new_term_for_someone(
     await clock.settle()
     await b.start()
     await clock.advance(0.5)
-    a.store.inner.delete_lock("job")  # an operator's DEL
+    a.store.delete_lock("job")  # an operator's DEL
     await clock.advance(HEARTBEAT)
     tokens = [n.elector.leases["job"].token for n in nodes]
     assert sorted(t for t in tokens if t is not None) == [2]

@@ -24,7 +24,7 @@ from fastapi_singletonjob._store.base import (
     LeaseRequest,
     ReleaseListener,
 )
-from fastapi_singletonjob._store.base import LeaseStore as LeaseStoreLike
+from fastapi_singletonjob._store.base import Store as LeaseStoreLike
 from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob.testing import FakeClock
 

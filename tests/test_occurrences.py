@@ -12,6 +12,7 @@ import pytest
 from fake_nodes import kill
 
 from fastapi_singletonjob import DropReason, JobContext, SingletonJobs
+from fastapi_singletonjob._store.base import ClaimResult
 from fastapi_singletonjob.testing import FakeClock
 
 # 02:59:50 UTC: the daily 03:00 instant comes 10 s after the start
@@ -149,7 +150,7 @@ async def test_a_store_error_at_the_instant_is_retried_within_the_grace(
     real_claim = store.claim
     failures = 0
 
-    async def flaky_claim(job: str, value: str, instant_us: int) -> int:
+    async def flaky_claim(job: str, value: str, instant_us: int) -> ClaimResult:
         nonlocal failures
         if failures < 3:
             failures += 1

@@ -11,6 +11,7 @@ from test_runner import Factory, clock, engine, make
 
 from fastapi_singletonjob import DropReason, JobContext
 from fastapi_singletonjob._engine.engine import Engine
+from fastapi_singletonjob._store.base import ClaimResult
 from fastapi_singletonjob.testing import FakeClock
 
 __all__ = ["clock", "make"]  # fixtures
@@ -29,7 +30,7 @@ def slow_claims(jobs_engine: Engine, clock: FakeClock, delay_s: float) -> list[d
     claim = store.claim
     asked: list[datetime] = []
 
-    async def slow(job: str, value: str, instant_us: int, **kwargs: int) -> int:
+    async def slow(job: str, value: str, instant_us: int, **kwargs: int) -> ClaimResult:
         asked.append(clock.now())
         await clock.sleep(delay_s)
         return await claim(job, value, instant_us, **kwargs)

@@ -27,7 +27,7 @@ from fastapi_singletonjob._config.cluster_url import seed_urls
 from fastapi_singletonjob._store.base import LeaseRequest
 from fastapi_singletonjob._store.keys import job_key, release_channel
 from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore
-from fastapi_singletonjob._web.status import readiness
+from fastapi_singletonjob._web.health import readiness
 
 pytestmark = pytest.mark.redis
 

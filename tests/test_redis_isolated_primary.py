@@ -22,7 +22,7 @@ from waiting import wait_until
 
 from fastapi_singletonjob import JobContext, SingletonJobs
 from fastapi_singletonjob._timing import lease_deadline
-from fastapi_singletonjob._web.status import readiness
+from fastapi_singletonjob._web.health import readiness
 
 pytestmark = pytest.mark.redis
 

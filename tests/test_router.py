@@ -4,11 +4,13 @@ application's own auth, OpenAPI, and no secret in any answer."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
@@ -19,7 +21,11 @@ from openapi_spec_validator import validate
 from servers import RedisServerFactory
 from waiting import wait_until
 
-from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob import Checkpoint, ClusterStatus, JobContext, SingletonJobs
+from fastapi_singletonjob._config.settings import Settings
+from fastapi_singletonjob._engine.snapshot import EngineSnapshot, EngineState, StoreSnapshot
+from fastapi_singletonjob._job.spec import JobSpec
+from fastapi_singletonjob._web.router import create_router
 from fastapi_singletonjob.testing import FakeClock
 
 HEARTBEAT_S = 0.05
@@ -440,6 +446,76 @@ async def test_liveness_fails_when_a_builtin_schedule_loop_died() -> None:
     assert live["reason"] == "the schedule of job 'boom' failed: RuntimeError('library bug')"
 
 
+class RunningSource:
+    """A ``StatusSource`` double: a running node with no jobs, a store that answers, and the
+    background tasks that ``failed_tasks`` says died."""
+
+    project = "double"
+    node_id = "node-d"
+    store_description = "memory://double"
+
+    def __init__(self, failed_tasks: dict[str, str]) -> None:
+        self.failed_tasks = failed_tasks
+        self.settings = Settings.build(
+            redis_url="memory://double",
+            has_client=False,
+            project=self.project,
+            node_id=self.node_id,
+            heartbeat_interval=1.0,
+            lock_expiry=3.0,
+            max_backoff=2.0,
+            shutdown_timeout=1.0,
+            env={},
+        )
+        self.jobs: dict[str, JobSpec] = {}
+
+    def snapshot(self) -> EngineSnapshot | None:
+        store = StoreSnapshot(
+            last_success_s_ago=0.1, round_trip_s=0.001, failures=0, last_error=None
+        )
+        return EngineSnapshot(
+            state=EngineState.RUNNING,
+            election_alive=True,
+            timer_alive=True,
+            last_round_s_ago=0.1,
+            longest_lease_s=3.0,
+            store=store,
+            jobs={},
+            failed_tasks=self.failed_tasks,
+        )
+
+    async def checkpoint(self, job: str) -> Checkpoint | None:
+        raise AssertionError("no job, no checkpoint read")
+
+    async def cluster_status(self) -> ClusterStatus:
+        raise AssertionError("not asked")
+
+    async def probe_store(self, within_s: float) -> bool:
+        raise AssertionError("the store answers: no probe")
+
+
+async def test_liveness_fails_when_a_background_task_died() -> None:
+    """A dead background task of the library (``EngineSnapshot.failed_tasks``) comes back
+    only with a restart: liveness names it (the first by name) and its error; readiness,
+    about the election, stays ok."""
+    failed = {"release-listener": "RuntimeError('bug')", "deadline-watchdog": "KeyError('x')"}
+    dead, healthy = FastAPI(), FastAPI()
+    dead.include_router(create_router(RunningSource(failed)), prefix=PREFIX)
+    healthy.include_router(create_router(RunningSource({})), prefix=PREFIX)
+    async with client_of(dead) as client:
+        live = await get_json(client, f"{PREFIX}/health/live", 503)
+        ready = await get_json(client, f"{PREFIX}/health")
+    async with client_of(healthy) as client:
+        live_again = await get_json(client, f"{PREFIX}/health/live")
+    assert live == {
+        "status": "unavailable",
+        "reason": "the background task 'deadline-watchdog' failed: KeyError('x')",
+        "node_id": "node-d",
+    }
+    assert ready == {"status": "ok", "reason": None, "node_id": "node-d"}
+    assert live_again["status"] == "ok"
+
+
 # -- no secret ----------------------------------------------------------------------------
 
 
@@ -548,6 +624,37 @@ async def test_liveness_fails_while_the_election_loop_is_wedged() -> None:
     assert recovered["status"] == "ok"
 
 
+async def test_the_readiness_probe_waits_on_the_injected_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``probe_store`` PINGs the store, wakes the election and polls for its round on the
+    clock it was given: on a ``FakeClock`` it waits, bounded, in zero real time."""
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
+    jobs = fake_clock_jobs(clock, "memory://router-probe")
+    async with jobs:
+        await clock.advance(1.0)
+        engine = jobs.engine
+        assert engine is not None
+        elect = engine.store.elect
+
+        async def refused(*args: Any, **kwargs: Any) -> Any:
+            raise ConnectionError("refused")
+
+        monkeypatch.setattr(engine.store, "elect", refused)
+        began = time.monotonic()
+        failing = asyncio.create_task(jobs.probe_store(1.0))
+        await clock.advance(0.9)
+        assert not failing.done(), "it waits for the round on the fake clock"
+        await clock.advance(0.2)
+        assert failing.done() and failing.result() is False
+        monkeypatch.setattr(engine.store, "elect", elect)
+        answering = asyncio.create_task(jobs.probe_store(1.0))
+        await clock.advance(0.05)
+        assert answering.done() and answering.result() is True
+        elapsed_s = time.monotonic() - began
+    assert elapsed_s < 0.9, "no real time spent waiting"
+
+
 async def test_status_returns_what_get_jobs_serves() -> None:
     clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
     jobs = fake_clock_jobs(clock, "memory://router-status")
@@ -608,3 +715,24 @@ async def test_status_returns_what_get_jobs_serves() -> None:
     assert served["store"]["last_contact_s_ago"] is not None
     assert only.pop("jobs") == [one.pop("job")]
     assert only == one
+
+
+# -- layering -----------------------------------------------------------------------------
+
+WEB = Path(__file__).parent.parent / "fastapi_singletonjob" / "_web"
+
+
+def test_the_web_layer_imports_neither_the_facade_nor_the_engine() -> None:
+    """``_web`` reads a ``StatusSource`` and calls ``AdminActions``: it imports neither
+    ``SingletonJobs``, the admin client, the CLI nor the engine, not even for types (an
+    ``if TYPE_CHECKING:`` import counts), so no import cycle runs through it."""
+    forbidden = {"_singletonjobs", "_admin", "_cli", "_engine.engine", "_engine"}
+    found: list[tuple[str, str]] = []
+    for path in sorted(WEB.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = (node.module or "").removeprefix("fastapi_singletonjob.")
+                names = {module, *(f"{module}.{a.name}".lstrip(".") for a in node.names)}
+                if names & forbidden:
+                    found.append((path.name, module))
+    assert found == []

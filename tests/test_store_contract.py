@@ -27,8 +27,7 @@ from waiting import wait_until
 from fastapi_singletonjob._clock import SystemClock
 from fastapi_singletonjob._lock_value import SHOWN_VALUE_CHARS
 from fastapi_singletonjob._store import keys as _keys
-from fastapi_singletonjob._store.base import LeaseReply, LeaseRequest, LeaseStore, parse_notice
-from fastapi_singletonjob._store.controls import ControlStore
+from fastapi_singletonjob._store.base import LeaseReply, LeaseRequest, Store, parse_notice
 from fastapi_singletonjob._store.membership import MemberRecord, Membership
 from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore
@@ -49,7 +48,7 @@ class Case:
     """One store under test, how to count its release subscribers, and how to write a lock
     as an operator (or another program) would: ``set_lock(job, value, ttl_s)``."""
 
-    store: LeaseStore
+    store: Store
     subscribers: Callable[[], int]
     set_lock: Callable[[str, str, float], None]
 
@@ -119,13 +118,13 @@ async def cluster_case(cluster: TestCluster, project: str) -> AsyncIterator[Case
 
 
 async def elect_one(
-    store: LeaseStore, node: str, ttl_s: float = TTL_S, held: str | None = None
+    store: Store, node: str, ttl_s: float = TTL_S, held: str | None = None
 ) -> LeaseReply:
     [reply] = await store.elect(node, [LeaseRequest("job", ttl_s, held)])
     return reply
 
 
-async def new_term(store: LeaseStore, node: str) -> int:
+async def new_term(store: Store, node: str) -> int:
     """Acquire the (free) lock; return the new term's token."""
     reply = await elect_one(store, node)
     assert reply.held and reply.token is not None, reply
@@ -281,9 +280,8 @@ async def test_a_control_notice_names_its_job(case: Case) -> None:
     listener = asyncio.create_task(case.store.listen_releases(heard.append))
     try:
         await wait_until(lambda: case.subscribers() >= 1, 2.0, "the listener subscribed")
-        controls: ControlStore = case.store  # type: ignore[assignment]
-        await controls.set_control(_keys.control_field("paused", "job:with:colons"), "{}")
-        await controls.set_control(_keys.control_field("trigger", "job-b"), "1")
+        await case.store.set_control(_keys.control_field("paused", "job:with:colons"), "{}")
+        await case.store.set_control(_keys.control_field("trigger", "job-b"), "1")
         await wait_until(lambda: len(heard) >= 2, 2.0, "the control notices")
         assert heard == [frozenset({"job:with:colons"}), frozenset({"job-b"})]
     finally:

@@ -21,7 +21,7 @@ from .._aio import Alarm, within
 from .._checkpoint import to_unix_us
 from .._clock import Clock
 from .._lock_value import OWNER_SEPARATOR
-from .._store.base import LeaseReply, LeaseRequest, LeaseStore, ReleaseListener
+from .._store.base import ClaimResult, LeaseReply, LeaseRequest, ReleaseListener, Store
 from .._telemetry import Telemetry
 from .._timing import call_timeout_s, next_attempt_delay
 from .interest import Watch, soonest_end_s
@@ -40,7 +40,7 @@ class Elector:
     def __init__(
         self,
         *,
-        store: LeaseStore,
+        store: Store,
         node_id: str,
         leases: Sequence[Lease],
         heartbeat_s: float,
@@ -83,7 +83,7 @@ class Elector:
         self.round_trip_s: float | None = None
         self._members = Spreader(
             node_id,
-            membership=lambda: getattr(store, "membership", None),
+            membership=lambda: store.membership,
             settle_s=self._longest_ttl_s if settle_s is None else settle_s,
             heartbeat_s=heartbeat_s,
             clock=clock,
@@ -105,13 +105,13 @@ class Elector:
         """True while this node's lease of ``job`` (of term ``token``, if given) is valid."""
         return self.terms.is_leader(job, token)
 
-    async def claim(self, job: str, token: int, instant_us: int) -> int | None:
-        """Claim ``job``'s instant for this node's term ``token`` (see ``LeaseStore.claim``);
+    async def claim(self, job: str, token: int, instant_us: int) -> ClaimResult | None:
+        """Claim ``job``'s instant for this node's term ``token`` (see ``Store.claim``);
         None when the store did not answer within the time left on the lease."""
         lease = self.leases[job]
         left = lease.deadline - self._clock.monotonic()
         if lease.token != token or lease.value is None or left <= 0:
-            return -1
+            return ClaimResult.NOT_HOLDER
         try:
             # Bounded by the lease alone: claims that fire together queue for a connection,
             # and a claim retried after a lost reply is recognised as this term's own.
@@ -230,7 +230,7 @@ class Elector:
         timeout_s = call_timeout_s(self._longest_ttl_s, self._heartbeat_s)
         try:
             # A node with a membership record renews it in every round, jobs or not.
-            if requests or getattr(self._store, "membership", None) is not None:
+            if requests or self._store.membership is not None:
                 replies = await within(self._store.elect(self.owner, requests), timeout_s)
             else:  # no job to elect: still find out whether the store answers
                 await within(self._store.ping(), timeout_s)
@@ -397,7 +397,7 @@ class Elector:
 
 
 async def listen_for_releases(
-    store: LeaseStore,
+    store: Store,
     on_release: ReleaseListener,
     *,
     keepalive_s: float,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,10 +41,10 @@ from .._job.spec import JobSpec
 from .._run.progress import Progress
 from .._run.runner import JobRunner
 from .._run.ticker import Ticker
+from .._store.base import Store
 from .._store.membership import VERSION, MemberRecord, Membership
-from .._store.open import Store
 from .._telemetry import Telemetry
-from .snapshot import EngineSnapshot, take
+from .snapshot import EngineSnapshot, EngineState, take
 
 __all__ = ["Engine", "EngineState"]
 
@@ -55,16 +54,6 @@ CANCEL_GRACE_S = 5.0
 """Longest wait for cancelled runs to end at shutdown before giving up on them."""
 LEAVE_TIMEOUT_S = 1.0
 """Longest wait for the membership record's deletion at shutdown (it expires anyway)."""
-
-
-class EngineState(str, enum.Enum):
-    """Where an engine is in its life cycle."""
-
-    STARTING = "starting"
-    RUNNING = "running"
-    DRAINING = "draining"
-    """Stopping: no new run starts; runs in flight finish and their leases are still renewed."""
-    STOPPED = "stopped"
 
 
 class Engine:
@@ -137,10 +126,7 @@ class Engine:
         )
         self.elector.terms.on_term_started = self.ticker.leadership_gained
         self.elector.terms.on_trigger = self.ticker.trigger
-        # Every store of the library keeps a membership record; a test double may not.
-        announce = getattr(store, "announce", None)
-        if announce is not None:
-            announce(Membership(self._member_record(enabled)))
+        store.announce(Membership(self._member_record(enabled)))
         self._election: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
@@ -271,11 +257,8 @@ class Engine:
 
     async def _leave(self) -> None:
         """Leave the membership at once (else the record expires one lock expiry later)."""
-        leave = getattr(self.store, "leave", None)
-        if leave is None:  # a test double
-            return
         try:
-            await within(leave(), LEAVE_TIMEOUT_S)
+            await within(self.store.leave(), LEAVE_TIMEOUT_S)
         except Exception as exc:  # it expires on its own
             logger.debug("node %s could not leave the membership: %r", self.settings.node_id, exc)
 

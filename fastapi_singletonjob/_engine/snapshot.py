@@ -8,15 +8,27 @@ leadership change.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .._outcomes import JobStats
 
 if TYPE_CHECKING:
-    from .engine import Engine, EngineState
+    from .engine import Engine
 
-__all__ = ["EngineSnapshot", "JobSnapshot", "StoreSnapshot", "take"]
+__all__ = ["EngineSnapshot", "EngineState", "JobSnapshot", "StoreSnapshot", "take"]
+
+
+class EngineState(str, enum.Enum):
+    """Where an engine is in its life cycle."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    """Stopping: no new run starts; runs in flight finish and their leases are still renewed."""
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,9 @@ class EngineSnapshot:
     longest_lease_s: float
     store: StoreSnapshot
     jobs: dict[str, JobSnapshot]
+    failed_tasks: Mapping[str, str] = field(default_factory=dict)
+    """Background tasks of the library that died (by task name: what they raised), which
+    only a restart brings back; liveness reports them."""
 
 
 def take(engine: Engine) -> EngineSnapshot:

@@ -18,7 +18,7 @@ from datetime import datetime
 from .._checkpoint import Checkpoint, FinishedRun, JSONValue, StateSave, encode_state
 from .._errors import LeadershipLost, UsageError
 from .._outcomes import Outcome
-from .._store.base import CheckpointStore
+from .._store.base import Store
 
 __all__ = ["Progress"]
 
@@ -42,7 +42,7 @@ class Progress:
 
     def __init__(
         self,
-        store: CheckpointStore,
+        store: Store,
         job: str,
         node_id: str,
         *,

@@ -26,6 +26,7 @@ from .._job.context import JobContext
 from .._job.spec import JobSpec
 from .._outcomes import DropReason, JobStats, Outcome, RunRecord
 from .._schedule import policy_of
+from .._store.base import ClaimResult
 from .._telemetry import NOT_LEADER, Telemetry
 from .invoke import Invoker, NotStarted, summary
 from .misfire import catch_up, put_off
@@ -229,10 +230,10 @@ class JobRunner:
         delay_s = _CLAIM_RETRY_S
         while True:
             result = await self._elector.claim(job, token, instant_us)
-            if result == 1:
+            if result is ClaimResult.CLAIMED:
                 self._claimed_term = token
                 return None
-            if result == -2:
+            if result is ClaimResult.CLOCK_AHEAD:
                 logger.error(
                     "job %r: instant %s is ahead of the store's clock; node %s's wall clock "
                     "is wrong (fix its time sync): not running it",
@@ -241,7 +242,7 @@ class JobRunner:
                     node,
                 )
                 return DropReason.CLOCK_AHEAD
-            if result == 0:
+            if result is ClaimResult.ALREADY_RUN:
                 logger.info(
                     "job %r: instant %s was already run by another leader; not running it "
                     "again on node %s",
@@ -250,7 +251,7 @@ class JobRunner:
                     node,
                 )
                 return DropReason.ALREADY_RUN
-            if result == -1 or not self.is_leader_of(token):
+            if result is ClaimResult.NOT_HOLDER or not self.is_leader_of(token):
                 return DropReason.LEASE_EXPIRED
             if not self.within_grace(scheduled_at, self.clock.now()):
                 logger.warning(

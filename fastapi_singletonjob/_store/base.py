@@ -8,8 +8,10 @@ clock, so that users' unit tests and the library's own timing tests need no serv
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import enum
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from redis.exceptions import RedisError
@@ -24,15 +26,19 @@ from .._lock_value import (
     parse_lock_value,
     shown_lock_value,
 )
+from .membership import MemberRecord, Membership
 
 __all__ = [
     "STORE_ERRORS",
+    "ClaimResult",
     "DEFAULT_KEEPALIVE_S",
     "DEFAULT_MAX_AHEAD_US",
     "LeaseReply",
     "LeaseRequest",
-    "CheckpointStore",
-    "LeaseStore",
+    "DEFAULT_CONTROL_TIMEOUT_S",
+    "ClusterData",
+    "JobData",
+    "Store",
     "ReleaseListener",
     "parse_notice",
 ]
@@ -48,6 +54,21 @@ runs further ahead must not record an instant that the other nodes reach only mu
 
 DEFAULT_KEEPALIVE_S = 5.0
 """Silence after which the release listener checks its connection (callers pass the heartbeat)."""
+
+
+class ClaimResult(enum.IntEnum):
+    """What a store says to a claim of an instant (``Store.claim``); the values are those the
+    ``CLAIM`` script returns."""
+
+    CLAIMED = 1
+    """Recorded: the caller runs the instant (also this very term's claim, retried)."""
+    ALREADY_RUN = 0
+    """That instant, or a later one, was claimed before: another leader ran it."""
+    NOT_HOLDER = -1
+    """The lock value no longer holds the lock: the caller's term is over."""
+    CLOCK_AHEAD = -2
+    """The instant lies ahead of the store's clock by more than allowed: the caller's wall
+    clock runs ahead; nothing is recorded, so the instant does not silence the others."""
 
 
 ReleaseListener = Callable[[frozenset[str] | None], None]
@@ -118,8 +139,43 @@ class LeaseReply:
         return holder
 
 
-class LeaseStore(Protocol):
-    """Atomic lease operations on a shared store, for all jobs of one project."""
+DEFAULT_CONTROL_TIMEOUT_S = 5.0
+"""How long an operator's call waits for the store."""
+
+
+@dataclass(frozen=True)
+class JobData:
+    """One job as stored: its lock, last claimed instant and checkpoint."""
+
+    name: str
+    value: str | None
+    """The lock's value, None when nobody holds it."""
+    ttl_s: float | None
+    """Time the lock has left; None without a lock or without expiry."""
+    last_us: int | None
+    """The latest instant a leader claimed, µs since the epoch."""
+    checkpoint: Checkpoint | None
+
+
+@dataclass(frozen=True)
+class ClusterData:
+    """Everything stored about one project, read at the store's time ``now``."""
+
+    now: datetime
+    members: list[tuple[MemberRecord, datetime]]
+    """Live nodes' records, each with when it expires."""
+    controls: dict[str, str]
+    jobs: dict[str, JobData] = field(default_factory=dict)
+
+
+class Store(Protocol):
+    """Everything the library needs of a backend, for all jobs of one project: the leases
+    (elect, release, claims, the release notices), the fenced checkpoints, the membership
+    record the election keeps, and the operators' controls and reads. One implementation
+    per backend (``memory``, ``redis``); the same behavioural tests run on each."""
+
+    membership: Membership | None
+    """The record ``announce`` gave, kept by every ``elect`` call; None before."""
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """Acquire free locks and renew held ones, all in one round trip; one reply each.
@@ -142,12 +198,10 @@ class LeaseStore(Protocol):
 
     async def claim(
         self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
-    ) -> int:
+    ) -> ClaimResult:
         """Record that the holder of lock value ``value`` starts ``job``'s instant
-        ``instant_us``: 1 if recorded, 0 if that instant (or a later one) was already
-        claimed, -1 if ``value`` no longer holds the lock, -2 if the instant is ahead of the
-        store's clock by more than ``max_ahead_us`` (the caller's wall clock runs ahead;
-        nothing is recorded, so the instant does not silence the other nodes)."""
+        ``instant_us`` (see ``ClaimResult``); an instant more than ``max_ahead_us`` ahead of
+        the store's clock is refused (``CLOCK_AHEAD``) and nothing is recorded."""
         ...
 
     async def listen_releases(
@@ -171,12 +225,6 @@ class LeaseStore(Protocol):
     async def aclose(self) -> None:
         """Close what this store opened (never a client the user passed in)."""
         ...
-
-
-class CheckpointStore(Protocol):
-    """Fenced checkpoint records (``_checkpoint``), kept next to the locks; both stores
-    implement it. Apart from ``LeaseStore`` until the engine uses it, so that the test doubles
-    of ``LeaseStore`` need not implement it before then."""
 
     async def record_run(
         self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
@@ -211,4 +259,27 @@ class CheckpointStore(Protocol):
     ) -> bool:
         """Delete ``job``'s checkpoint, unfenced (an operator's action); True if there was
         one."""
+        ...
+
+    def announce(self, membership: Membership) -> None:
+        """Keep ``membership``'s record with each election call from now on."""
+        ...
+
+    async def set_control(
+        self, field: str, value: str | None, *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    ) -> bool:
+        """Set (or with None delete) one field of the controls hash and wake every node's
+        election; True when it changed."""
+        ...
+
+    async def leave(self) -> None:
+        """Delete this node's membership record (a graceful shutdown): it leaves the cluster
+        view at once instead of one lock expiry later."""
+        ...
+
+    async def read_cluster(
+        self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    ) -> ClusterData:
+        """The members, the controls, and every job that a live member registered, that a
+        control names, or that ``jobs`` lists: two round trips."""
         ...

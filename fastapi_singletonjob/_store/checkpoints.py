@@ -98,7 +98,7 @@ class MemoryCheckpoints:
     async def record_run(
         self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> Checkpoint | None:
-        """See ``LeaseStore.record_run``; ``timeout_s`` is not used (no I/O)."""
+        """See ``Store.record_run``; ``timeout_s`` is not used (no I/O)."""
         args, job = _run_args(run), run.job
         await asyncio.sleep(0)  # a real store is a suspension point too
         record = self._fenced(job, run.token)
@@ -123,7 +123,7 @@ class MemoryCheckpoints:
     async def save_state(
         self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
-        """See ``LeaseStore.save_state``; ``timeout_s`` is not used (no I/O)."""
+        """See ``Store.save_state``; ``timeout_s`` is not used (no I/O)."""
         token_text, retention_ms = _token_text(save.token), _retention_ms(save.retention_s)
         await asyncio.sleep(0)
         record = self._fenced(save.job, save.token)
@@ -136,14 +136,14 @@ class MemoryCheckpoints:
     async def read_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> Checkpoint | None:
-        """See ``LeaseStore.read_checkpoint``."""
+        """See ``Store.read_checkpoint``."""
         await asyncio.sleep(0)
         return checked(job, self._record(job))
 
     async def reset_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
-        """See ``LeaseStore.reset_checkpoint``."""
+        """See ``Store.reset_checkpoint``."""
         await asyncio.sleep(0)
         found = self._record(job) is not None
         self._data.checkpoints.pop(self._key(job), None)
@@ -202,7 +202,7 @@ class RedisCheckpoints:
     async def record_run(
         self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> Checkpoint | None:
-        """See ``LeaseStore.record_run``: one ``EVALSHA`` of ``RECORD_RUN``, with the runs
+        """See ``Store.record_run``: one ``EVALSHA`` of ``RECORD_RUN``, with the runs
         of other jobs that ended while this node's previous write was in flight."""
         reply = await self._record_batcher.submit((run.job, _run_args(run)), timeout_s)
         if not isinstance(reply, list):  # -1: the term is over
@@ -232,7 +232,7 @@ class RedisCheckpoints:
     async def save_state(
         self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
-        """See ``LeaseStore.save_state``: one ``EVALSHA`` of ``SAVE_STATE``."""
+        """See ``Store.save_state``: one ``EVALSHA`` of ``SAVE_STATE``."""
         token, retention_ms = _token_text(save.token), _retention_ms(save.retention_s)
         args = [token, save.node_id, save.state_json, retention_ms]
         script = self._checkpoint_scripts[1]
@@ -246,7 +246,7 @@ class RedisCheckpoints:
     async def read_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> Checkpoint | None:
-        """See ``LeaseStore.read_checkpoint``: one ``HGETALL``."""
+        """See ``Store.read_checkpoint``: one ``HGETALL``."""
         key = _keys.job_key(self._project, job, "checkpoint")
         try:
             raw: dict[bytes, bytes] = await self._checkpoint_call(
@@ -262,7 +262,7 @@ class RedisCheckpoints:
     async def reset_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
-        """See ``LeaseStore.reset_checkpoint``: one ``DEL``."""
+        """See ``Store.reset_checkpoint``: one ``DEL``."""
         key = _keys.job_key(self._project, job, "checkpoint")
         deleted = await self._checkpoint_call(
             f"reset the checkpoint of job {job!r}", self._claims.delete(key), timeout_s

@@ -9,15 +9,15 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from .._checkpoint import Checkpoint, checked
+from .._checkpoint import checked
 from . import keys as _keys
+from .base import DEFAULT_CONTROL_TIMEOUT_S, ClusterData, JobData
 from .membership import MemberRecord, Membership
 from .redis import scripts as _scripts
 
@@ -26,68 +26,9 @@ if TYPE_CHECKING:
     from .memory import _MemoryData
 
 __all__ = [
-    "DEFAULT_CONTROL_TIMEOUT_S",
-    "ClusterData",
-    "ControlStore",
-    "JobData",
     "MemoryControls",
     "RedisControls",
 ]
-
-DEFAULT_CONTROL_TIMEOUT_S = 5.0
-"""How long an operator's call waits for the store."""
-
-
-@dataclass(frozen=True)
-class JobData:
-    """One job as stored: its lock, last claimed instant and checkpoint."""
-
-    name: str
-    value: str | None
-    """The lock's value, None when nobody holds it."""
-    ttl_s: float | None
-    """Time the lock has left; None without a lock or without expiry."""
-    last_us: int | None
-    """The latest instant a leader claimed, µs since the epoch."""
-    checkpoint: Checkpoint | None
-
-
-@dataclass(frozen=True)
-class ClusterData:
-    """Everything stored about one project, read at the store's time ``now``."""
-
-    now: datetime
-    members: list[tuple[MemberRecord, datetime]]
-    """Live nodes' records, each with when it expires."""
-    controls: dict[str, str]
-    jobs: dict[str, JobData] = field(default_factory=dict)
-
-
-class ControlStore(Protocol):
-    """What operators need of a store besides the election."""
-
-    def announce(self, membership: Membership) -> None:
-        """Keep ``membership``'s record with each election call from now on."""
-        ...
-
-    async def set_control(
-        self, field: str, value: str | None, *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
-    ) -> bool:
-        """Set (or with None delete) one field of the controls hash and wake every node's
-        election; True when it changed."""
-        ...
-
-    async def leave(self) -> None:
-        """Delete this node's membership record (a graceful shutdown): it leaves the cluster
-        view at once instead of one lock expiry later."""
-        ...
-
-    async def read_cluster(
-        self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
-    ) -> ClusterData:
-        """The members, the controls, and every job that a live member registered, that a
-        control names, or that ``jobs`` lists: two round trips."""
-        ...
 
 
 def _job_names(members: list[tuple[MemberRecord, datetime]], controls: dict[str, str]) -> set[str]:
@@ -120,7 +61,7 @@ class RedisControls:
     membership: Membership | None = None
 
     def announce(self, membership: Membership) -> None:
-        """See ``ControlStore.announce``."""
+        """See ``Store.announce``."""
         self.membership = membership
 
     @functools.cached_property
@@ -130,13 +71,13 @@ class RedisControls:
     async def set_control(
         self, field: str, value: str | None, *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> bool:
-        """See ``ControlStore.set_control``: one ``CONTROL`` script call."""
+        """See ``Store.set_control``: one ``CONTROL`` script call."""
         keys = [_keys.project_key(self._project, "controls")]
         call = self._control_script(keys=keys, args=[self._channel, field, value or ""])
         return int(await asyncio.wait_for(call, timeout_s)) == 1
 
     async def leave(self) -> None:
-        """See ``ControlStore.leave``: one pipeline, on the election's connections."""
+        """See ``Store.leave``: one pipeline, on the election's connections."""
         if self.membership is None:
             return
         owner = self.membership.record.owner
@@ -152,7 +93,7 @@ class RedisControls:
     async def read_cluster(
         self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> ClusterData:
-        """See ``ControlStore.read_cluster``: two pipelines."""
+        """See ``Store.read_cluster``: two pipelines."""
         return await asyncio.wait_for(self._read_cluster(list(jobs)), timeout_s)
 
     async def _read_cluster(self, extra: list[str]) -> ClusterData:
@@ -209,7 +150,7 @@ class MemoryControls:
     membership: Membership | None = None
 
     def announce(self, membership: Membership) -> None:
-        """See ``ControlStore.announce``."""
+        """See ``Store.announce``."""
         self.membership = membership
 
     def _control_key(self, field: str) -> str:
@@ -218,7 +159,7 @@ class MemoryControls:
     async def set_control(
         self, field: str, value: str | None, *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> bool:
-        """See ``ControlStore.set_control``."""
+        """See ``Store.set_control``."""
         await asyncio.sleep(0)
         key = self._control_key(field)
         if value is None:
@@ -232,7 +173,7 @@ class MemoryControls:
         return changed
 
     async def leave(self) -> None:
-        """See ``ControlStore.leave``."""
+        """See ``Store.leave``."""
         await asyncio.sleep(0)
         if self.membership is not None:
             self.membership.left = True
@@ -293,7 +234,7 @@ class MemoryControls:
     async def read_cluster(
         self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> ClusterData:
-        """See ``ControlStore.read_cluster``."""
+        """See ``Store.read_cluster``."""
         await asyncio.sleep(0)
         mono, now = self._clock.monotonic(), self._clock.now()
         prefix = f"{self._project}\x00"

@@ -63,6 +63,8 @@ key                                            type    content
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from typing import Literal
 
 __all__ = [
@@ -71,6 +73,8 @@ __all__ = [
     "ProjectKey",
     "control_field",
     "job_key",
+    "parse_paused",
+    "paused_value",
     "project_key",
     "release_channel",
 ]
@@ -116,3 +120,18 @@ def release_channel(project: str) -> str:
 def control_field(control: Control, job: str) -> str:
     """The field of the ``controls`` key that holds ``control`` for ``job`` (see ``Control``)."""
     return f"{control}:{job}"
+
+
+def paused_value(at: datetime, by: str) -> str:
+    """The value of a ``paused:<job>`` control: JSON with ``at`` (when, ISO 8601) and ``by``
+    (the node id of the caller). Only its presence pauses the job; the rest is for people."""
+    return json.dumps({"at": at.isoformat(), "by": by})
+
+
+def parse_paused(value: str | None) -> datetime | None:
+    """When the ``paused:<job>`` control ``value`` says the job was paused; None without a
+    value, or for one that ``paused_value`` did not write (set by hand, say)."""
+    try:
+        return datetime.fromisoformat(json.loads(value or "")["at"])
+    except (ValueError, TypeError, KeyError):
+        return None

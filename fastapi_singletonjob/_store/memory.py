@@ -20,6 +20,7 @@ from .._lock_value import (
 from .base import (
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
+    ClaimResult,
     LeaseReply,
     LeaseRequest,
     ReleaseListener,
@@ -69,7 +70,7 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
         return f"{self._project}\x00{job}"
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
-        """See ``LeaseStore.elect``."""
+        """See ``Store.elect``."""
         now = self._clock.monotonic()
         self._keep_member(node_id)
         replies = []
@@ -113,7 +114,7 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
     async def release(
         self, node_id: str, values: dict[str, str], last_us: Mapping[str, int] | None = None
     ) -> int:
-        """See ``LeaseStore.release``."""
+        """See ``Store.release``."""
         released = 0
         now_us = to_unix_us(self._clock.now())
         for job, value in values.items():
@@ -135,8 +136,8 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
 
     async def claim(
         self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
-    ) -> int:
-        """See ``LeaseStore.claim``; the injected clock's ``now()`` is the store's clock."""
+    ) -> ClaimResult:
+        """See ``Store.claim``; the injected clock's ``now()`` is the store's clock."""
         key = self._key(job)
         current = self._data.locks.get(key)
         await asyncio.sleep(0)
@@ -146,22 +147,22 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
             or current[0] != value
             or current[1] <= self._clock.monotonic()
         ):
-            return -1
+            return ClaimResult.NOT_HOLDER
         last, by = self._data.claimed.get(key, (-1, 0))
         token = parse_lock_value(value)[0]
         if instant_us == last and by == token:
-            return 1  # this very term's claim, retried after its reply was lost
+            return ClaimResult.CLAIMED  # this very term's claim, retried after its reply was lost
         if instant_us <= last:
-            return 0
+            return ClaimResult.ALREADY_RUN
         if instant_us > to_unix_us(self._clock.now()) + max_ahead_us:
-            return -2
+            return ClaimResult.CLOCK_AHEAD
         self._data.claimed[key] = (instant_us, token or 0)
-        return 1
+        return ClaimResult.CLAIMED
 
     async def listen_releases(
         self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
-        """See ``LeaseStore.listen_releases``; in one process there is no connection to
+        """See ``Store.listen_releases``; in one process there is no connection to
         check, so ``keepalive_s`` is not used."""
         self._data.listeners.add(on_release)
         try:
@@ -170,10 +171,10 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
             self._data.listeners.discard(on_release)
 
     async def ping(self) -> None:
-        """See ``LeaseStore.ping``."""
+        """See ``Store.ping``."""
 
     async def aclose(self) -> None:
-        """See ``LeaseStore.aclose``."""
+        """See ``Store.aclose``."""
 
     def delete_lock(self, job: str) -> None:
         """Drop ``job``'s lock as an operator's ``DEL`` would (for tests)."""

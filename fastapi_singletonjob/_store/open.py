@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -15,17 +14,13 @@ from .._config.settings import Settings
 from .._errors import ConfigurationError
 from .._job.spec import JobSpec
 from .._schedule import policy_of
-from .base import CheckpointStore, LeaseStore
+from .base import Store
 from .memory import MemoryLeaseStore
 from .redis.cluster import ClusterLeaseStore
 from .redis.sentinel import SentinelLeaseStore
 from .redis.store import RedisLeaseStore
 
-__all__ = ["MAX_POOL_SIZE", "Store", "open_store"]
-
-
-class Store(LeaseStore, CheckpointStore, Protocol):
-    """What the engine needs of a backend: leases and checkpoints."""
+__all__ = ["MAX_POOL_SIZE", "open_store"]
 
 
 MAX_POOL_SIZE = 16

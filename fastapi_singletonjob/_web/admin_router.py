@@ -9,35 +9,19 @@ authentication, for example::
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Literal
 
 from fastapi import APIRouter, HTTPException, status
-from pydantic import BaseModel, Field
 
 from .._errors import JobNotFound
 from .._store.base import STORE_ERRORS
+from .models import Action, ActionResult
+from .source import AdminActions
 
-if TYPE_CHECKING:
-    from .._singletonjobs import SingletonJobs
-
-__all__ = ["ActionResult", "create_admin_router"]
-
-Action = Literal["pause", "resume", "trigger", "step-down"]
+__all__ = ["create_admin_router"]
 
 
-class ActionResult(BaseModel):
-    """What an admin action did."""
-
-    job: str
-    action: Action
-    accepted: bool = Field(
-        description="Stored in Redis and pushed to every node; the leader acts on it at its "
-        "next election round."
-    )
-
-
-def create_admin_router(jobs: SingletonJobs) -> APIRouter:
-    """Build the admin router of ``jobs``."""
+def create_admin_router(jobs: AdminActions) -> APIRouter:
+    """Build the admin router of ``jobs`` (a ``SingletonJobs``, or any ``AdminActions``)."""
     router = APIRouter(tags=["singletonjob admin"])
     actions: dict[Action, tuple[Callable[[str], Awaitable[None]], str]] = {
         "pause": (jobs.pause, "Pause a job cluster-wide (survives restarts)"),

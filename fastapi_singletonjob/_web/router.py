@@ -9,25 +9,15 @@ where it is included::
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response, status
 
 from .._store.base import STORE_ERRORS
-from .cluster_view import ClusterStatus
-from .status import (
-    Health,
-    HealthStatus,
-    JobReport,
-    NodeStatus,
-    add_checkpoints,
-    liveness,
-    node_status,
-    readiness,
-)
-
-if TYPE_CHECKING:
-    from .._singletonjobs import SingletonJobs
+from .health import liveness, readiness
+from .models import ClusterStatus, Health, HealthStatus, JobReport, NodeStatus
+from .source import StatusSource
+from .views import add_checkpoints, job_report, node_status
 
 __all__ = ["create_router"]
 
@@ -36,8 +26,8 @@ _UNAVAILABLE: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_router(jobs: SingletonJobs) -> APIRouter:
-    """Build the status router of ``jobs``.
+def create_router(jobs: StatusSource) -> APIRouter:
+    """Build the status router of ``jobs`` (a ``SingletonJobs``, or any ``StatusSource``).
 
     The handlers are ``async def`` on purpose: they run on the event loop, between its steps,
     so a snapshot never mixes state from before and after a leadership change.
@@ -67,14 +57,7 @@ def create_router(jobs: SingletonJobs) -> APIRouter:
             )
         snapshot = node_status(jobs, only=name)
         await add_checkpoints(jobs, snapshot.jobs)
-        return JobReport(
-            project=snapshot.project,
-            node_id=snapshot.node_id,
-            started=snapshot.started,
-            state=snapshot.state,
-            store=snapshot.store,
-            job=snapshot.jobs[0],
-        )
+        return job_report(snapshot)
 
     @router.get("/cluster", response_model=ClusterStatus, summary="Every node and job")
     async def cluster() -> ClusterStatus:
@@ -129,7 +112,7 @@ def _add_probe(
     summary: str,
     description: str,
     check: Callable[[], Awaitable[tuple[Health, str | None]]],
-    jobs: SingletonJobs,
+    jobs: StatusSource,
 ) -> None:
     """Add the probe ``name`` at ``path``: what ``check`` says; 503 when unavailable."""
 

@@ -72,10 +72,13 @@ from fastapi_singletonjob._schedule import Cron, FixedRate, Interval, Schedule
 from fastapi_singletonjob._store.base import (
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
+    ClaimResult,
+    ClusterData,
     LeaseReply,
     LeaseRequest,
     ReleaseListener,
 )
+from fastapi_singletonjob._store.membership import Membership
 from fastapi_singletonjob._telemetry import Telemetry
 from fastapi_singletonjob._timing import WATCH_STEP_S, lease_deadline
 
@@ -642,7 +645,7 @@ _SETTINGS = Settings.build(
 
 
 class NodeStore:
-    """One node's ``LeaseStore``: what ``RedisLeaseStore`` puts on the wire and makes of the
+    """One node's ``Store``: what ``RedisLeaseStore`` puts on the wire and makes of the
     replies (``_redis_store.py``), over the node's ``Link`` to the ``Server``."""
 
     def __init__(self, link: Link, server: Server) -> None:
@@ -677,12 +680,13 @@ class NodeStore:
 
     async def claim(
         self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
-    ) -> int:
+    ) -> ClaimResult:
         if not is_lock_value(value):
-            return -1
-        return await self._link.call(
+            return ClaimResult.NOT_HOLDER
+        reply = await self._link.call(
             lambda: self._server.claim(job, value, instant_us, max_ahead_us)
         )
+        return ClaimResult(reply)
 
     async def listen_releases(
         self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
@@ -708,6 +712,22 @@ class NodeStore:
 
     async def reset_checkpoint(self, *args: object, **kwargs: object) -> bool:
         raise AssertionError("the simulated jobs keep no checkpoint")
+
+    # Nor does the simulated server keep a membership record or controls.
+
+    membership: Membership | None = None
+
+    def announce(self, membership: Membership) -> None:
+        pass
+
+    async def leave(self) -> None:
+        pass
+
+    async def set_control(self, *args: object, **kwargs: object) -> bool:
+        raise AssertionError("the simulation sets no control")
+
+    async def read_cluster(self, *args: object, **kwargs: object) -> ClusterData:
+        raise AssertionError("the simulation reads no cluster view")
 
 
 class _TermTelemetry(Telemetry):

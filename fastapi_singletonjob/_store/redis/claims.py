@@ -12,7 +12,7 @@ from redis.exceptions import ReadOnlyError
 
 from ..._lock_value import is_lock_value
 from .. import keys as _keys
-from ..base import DEFAULT_MAX_AHEAD_US
+from ..base import DEFAULT_MAX_AHEAD_US, ClaimResult
 from .batch import Batcher
 
 if TYPE_CHECKING:
@@ -32,15 +32,15 @@ class RedisClaims:
 
     async def claim(
         self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
-    ) -> int:
-        """See ``LeaseStore.claim``: one script call, judged on the Redis server's clock,
+    ) -> ClaimResult:
+        """See ``Store.claim``: one script call, judged on the Redis server's clock,
         with the claims of other jobs made while this node's previous claim was in flight."""
         if not is_lock_value(value):
-            return -1
+            return ClaimResult.NOT_HOLDER
         reply = await self._claim_batcher.submit(
             (job, [value, str(instant_us), str(max_ahead_us)]), math.inf
         )
-        return int(reply)
+        return ClaimResult(int(reply))
 
     async def _claim_all(
         self, claims: Sequence[tuple[str, list[str]]], timeout_s: float

@@ -261,7 +261,7 @@ class ClusterLeaseStore(RedisLeaseStore):
         self._warn_eviction(info)
 
     async def ping(self) -> None:
-        """See ``LeaseStore.ping``: the slot's master."""
+        """See ``Store.ping``: the slot's master."""
         client = await self._cluster_client.initialize()  # no slot map yet: read it first
         await client.ping(target_nodes=client.get_node_from_key(self._channel))
 

@@ -159,7 +159,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisRelease
         )
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
-        """See ``LeaseStore.elect``: one ``EVALSHA`` for all jobs."""
+        """See ``Store.elect``: one ``EVALSHA`` for all jobs."""
         member, project = self.membership, self._project
         keys = [
             _keys.project_key(project, name)
@@ -231,7 +231,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisRelease
     async def release(
         self, node_id: str, values: dict[str, str], last_us: Mapping[str, int] | None = None
     ) -> int:
-        """See ``LeaseStore.release``: one script call, which also publishes the notice."""
+        """See ``Store.release``: one script call, which also publishes the notice."""
         values = {job: value for job, value in values.items() if is_lock_value(value)}
         if not values:
             return 0
@@ -314,7 +314,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisRelease
             )
 
     async def ping(self) -> None:
-        """See ``LeaseStore.ping``."""
+        """See ``Store.ping``."""
         await self._redis.ping()
 
     async def aclose(self) -> None:

@@ -30,7 +30,7 @@ class RedisReleases:
     async def listen_releases(
         self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
-        """See ``LeaseStore.listen_releases``: a subscription on a connection of its own.
+        """See ``Store.listen_releases``: a subscription on a connection of its own.
 
         The subscription is checked, because a dead peer that never closed it (a failover,
         a NAT or firewall that dropped the flow) would otherwise leave a listener that hears

@@ -1,0 +1,217 @@
+"""Every response model of the routers, as typed (pydantic) models: this node and its jobs,
+the health probes' answer, the cluster view and the admin actions' result.
+
+``SingletonJobs.status()`` and ``cluster_status()`` return these too. Nothing here holds a
+secret: the store is shown by its redacted URL, a checkpoint without its state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from .._checkpoint import Checkpoint
+from .._outcomes import DropReason, Outcome
+
+__all__ = [
+    "Action",
+    "ActionResult",
+    "CheckpointStatus",
+    "ClusterJob",
+    "ClusterNode",
+    "ClusterStatus",
+    "Health",
+    "HealthStatus",
+    "JobReport",
+    "JobStatus",
+    "LastRun",
+    "NodeStatus",
+    "StoreStatus",
+]
+
+
+# -- this node ------------------------------------------------------------------------------
+
+
+class LastRun(BaseModel):
+    """The last finished run of a job on this node."""
+
+    scheduled_at: datetime = Field(description="The tick or cron instant it ran for.")
+    started_at: datetime
+    finished_at: datetime
+    duration_s: float
+    outcome: Outcome
+    error: str | None = Field(None, description="`Type: message` of a failed run, shortened.")
+
+
+class CheckpointStatus(BaseModel):
+    """A job's checkpoint as stored in Redis (its ``state`` is never shown)."""
+
+    iteration: int = Field(description="Successful runs, cluster-wide.")
+    last_completed_at: datetime | None
+    last_scheduled_at: datetime | None
+    last_outcome: str | None
+    last_error: str | None
+    node_id: str | None = Field(description="The node that wrote it last.")
+    fencing_token: int | None = Field(description="The term that wrote it last.")
+    has_state: bool = Field(description="Whether a state is saved (its value is not shown).")
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint) -> CheckpointStatus:
+        """The status form of ``checkpoint``."""
+        fields = {f.name: getattr(checkpoint, f.name) for f in dataclasses.fields(checkpoint)}
+        return cls(**{**fields, "has_state": fields.pop("state") is not None})
+
+
+class JobStatus(BaseModel):
+    """One job as this node sees it."""
+
+    name: str
+    schedule: str = Field(description='For example "fixed rate every 500ms".')
+    kind: Literal["interval", "fixed_rate", "cron", "custom"]
+    enabled: bool
+    leader: str | None = Field(description="Node id of the node holding the lock, if known.")
+    is_leader: bool = Field(description="Whether this node leads the job now.")
+    paused: bool = Field(
+        False, description="Paused by an operator (`jobs.pause`): its leader starts no run."
+    )
+    fencing_token: int | None = Field(description="Token of the leader's current term.")
+    lease_time_left_s: float | None = Field(
+        description="Time left on the leader's lease (this node's deadline when it leads; "
+        "a follower's last sight of it, null once that is older than the lease had left).",
+    )
+    running: bool
+    running_since: datetime | None
+    last_run: LastRun | None
+    next_run: datetime | None
+    runs: int = Field(description="Runs finished on this node since it started.")
+    failures: int
+    timeouts: int
+    cancelled: int
+    dropped_ticks: int = Field(description="Ticks this node dropped while leading.")
+    dropped: dict[DropReason, int]
+    not_leader_ticks: int = Field(description="Ticks that came while another node led.")
+    error: str | None = Field(None, description="Why the job stopped on this node, if it did.")
+    checkpoint: CheckpointStatus | None = Field(
+        None,
+        description="The checkpoint as stored in Redis, the same from every replica; null "
+        "before the first run, with checkpoint=False, before startup, or when Redis did not "
+        "answer within a second.",
+    )
+
+
+class StoreStatus(BaseModel):
+    """Whether the lease store (Redis) answers this node."""
+
+    url: str = Field(description="The store, without credentials.")
+    reachable: bool
+    last_contact_s_ago: float | None
+    round_trip_ms: float | None
+    consecutive_failures: int
+    error: str | None
+
+
+class NodeStatus(BaseModel):
+    """This node, its store and all its jobs."""
+
+    project: str
+    node_id: str
+    started: bool
+    state: Literal["starting", "running", "draining", "stopped"] = "stopped"
+    """The engine's life-cycle state; ``draining`` while shutdown waits for runs in flight."""
+    store: StoreStatus
+    jobs: list[JobStatus]
+
+
+class JobReport(BaseModel):
+    """This node, its store and one job."""
+
+    project: str
+    node_id: str
+    started: bool
+    state: Literal["starting", "running", "draining", "stopped"] = "stopped"
+    """The engine's life-cycle state; ``draining`` while shutdown waits for runs in flight."""
+    store: StoreStatus
+    job: JobStatus
+
+
+# -- the probes -----------------------------------------------------------------------------
+
+Health = Literal["ok", "degraded", "unavailable"]
+"""A probe's verdict (``_web.health``)."""
+
+
+class HealthStatus(BaseModel):
+    """A probe's answer: ``ok`` and ``degraded`` are 200, ``unavailable`` is 503."""
+
+    status: Health
+    reason: str | None = Field(None, description="Why it is not ok.")
+    node_id: str
+
+
+# -- the cluster, as stored ---------------------------------------------------------------
+
+
+class ClusterNode(BaseModel):
+    """One live node, as its membership record says."""
+
+    node_id: str
+    owner: str = Field(description="The id in its locks: node id, '#', a per-instance nonce.")
+    version: str = Field(description="The library's version on the node.")
+    started_at: datetime
+    last_seen: datetime = Field(description="Its last election round that reached Redis.")
+    expires_in_s: float = Field(description="Dropped from the view after this, unless seen.")
+    jobs: list[str] = Field(description="The jobs it has registered (enabled).")
+    leads: list[str] = Field(description="The jobs whose lock it holds now.")
+
+
+class ClusterJob(BaseModel):
+    """One job, as stored."""
+
+    name: str
+    schedule: str | None = Field(description="As the nodes that registered it announce it.")
+    nodes: list[str] = Field(description="Live nodes that registered it.")
+    leader: str | None = Field(description="Node id of the lock's holder, if any.")
+    fencing_token: int | None
+    lease_time_left_s: float | None = Field(description="Time the lock has left, per Redis.")
+    paused: bool
+    paused_at: datetime | None = None
+    pending: list[str] = Field(
+        default_factory=list,
+        description="Operators' requests its leader has not consumed: 'trigger', 'step-down'.",
+    )
+    last_instant: datetime | None = Field(
+        None, description="The latest cron/custom instant a leader claimed (started)."
+    )
+    checkpoint: CheckpointStatus | None = Field(
+        None, description="The stored checkpoint (jobs with checkpoint=True)."
+    )
+
+
+class ClusterStatus(BaseModel):
+    """``jobs.cluster_status()`` and ``GET /cluster``: the same from every replica."""
+
+    project: str
+    observed_at: datetime = Field(description="The Redis server's time of the read.")
+    nodes: list[ClusterNode]
+    jobs: list[ClusterJob]
+
+
+# -- the admin actions ----------------------------------------------------------------------
+
+Action = Literal["pause", "resume", "trigger", "step-down"]
+"""The operators' actions of the admin router (``POST /jobs/{name}/<action>``)."""
+
+
+class ActionResult(BaseModel):
+    """What an admin action did."""
+
+    job: str
+    action: Action
+    accepted: bool = Field(
+        description="Stored in Redis and pushed to every node; the leader acts on it at its "
+        "next election round."
+    )
