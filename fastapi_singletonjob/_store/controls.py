@@ -1,16 +1,15 @@
-"""The operators' half of both stores: controls (pause, trigger, step-down) and the one read
-of the whole cluster, on Redis (``RedisControls``) or in Python for ``memory://``
-(``MemoryControls``). The election reads the controls and keeps the membership inside its own
-``ELECT`` call (``_store.redis.scripts``); these are the calls of operators and of the
-cluster view."""
+"""The operators' methods of the Redis store: controls (pause, trigger, step-down) and the
+one read of the whole cluster. The election reads the controls and keeps the membership
+inside its own ``ELECT`` call (``_store.redis.scripts``); these are the calls of operators and
+of the cluster view."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
@@ -19,30 +18,10 @@ from .._checkpoint import checked
 from . import keys as _keys
 from .base import DEFAULT_CONTROL_TIMEOUT_S, ClusterData, JobData
 from .membership import MemberRecord, Membership
+from .records import job_names, last_us
 from .redis import scripts as _scripts
 
-if TYPE_CHECKING:
-    from .._clock import Clock
-    from .memory import _MemoryData
-
-__all__ = [
-    "MemoryControls",
-    "RedisControls",
-]
-
-
-def _job_names(members: list[tuple[MemberRecord, datetime]], controls: dict[str, str]) -> set[str]:
-    names = {job for record, _ in members for job in record.jobs}
-    names.update(key.partition(":")[2] for key in controls)
-    names.discard("")
-    return names
-
-
-def _last_us(raw: str | None) -> int | None:
-    if not raw:
-        return None
-    head = raw.partition(":")[0]
-    return int(head) if head.isdigit() else None
+__all__ = ["RedisControls"]
 
 
 def _text(value: Any) -> str | None:
@@ -114,7 +93,7 @@ class RedisControls:
             if record is not None:
                 members.append((record, datetime.fromtimestamp(score / 1000, UTC)))
         controls = {_text(k) or "": _text(v) or "" for k, v in raw_controls.items()}
-        names = sorted(_job_names(members, controls).union(extra))
+        names = sorted(job_names(members, controls).union(extra))
         async with self._claims.pipeline(transaction=False) as pipe:
             for name in names:
                 lock = _keys.job_key(project, name, "lock")
@@ -131,135 +110,9 @@ class RedisControls:
                 name=name,
                 value=_text(value),
                 ttl_s=pttl / 1000 if isinstance(pttl, int) and pttl >= 0 else None,
-                last_us=_last_us(_text(last)),
+                last_us=last_us(_text(last)),
                 checkpoint=checked(
                     name, {_text(k) or "": v for k, v in stored.items()} if stored else None
                 ),
-            )
-        return ClusterData(now=now, members=members, controls=controls, jobs=data)
-
-
-class MemoryControls:
-    """The operators' methods of ``MemoryLeaseStore``, and the membership and controls half
-    of its ``elect``, as ``ELECT`` does them, on the injected clock."""
-
-    _data: _MemoryData
-    _clock: Clock
-    _key: Callable[[str], str]
-    _project: str
-    membership: Membership | None = None
-
-    def announce(self, membership: Membership) -> None:
-        """See ``Store.announce``."""
-        self.membership = membership
-
-    def _control_key(self, field: str) -> str:
-        return f"{self._project}\x00{field}"
-
-    async def set_control(
-        self, field: str, value: str | None, *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
-    ) -> bool:
-        """See ``Store.set_control``."""
-        await asyncio.sleep(0)
-        key = self._control_key(field)
-        if value is None:
-            changed = self._data.controls.pop(key, None) is not None
-        else:
-            changed = key not in self._data.controls
-            self._data.controls[key] = value
-        job = frozenset({field.partition(":")[2]})  # as CONTROL's "control <job>" notice
-        for listener in list(self._data.listeners):
-            listener(job)
-        return changed
-
-    async def leave(self) -> None:
-        """See ``Store.leave``."""
-        await asyncio.sleep(0)
-        if self.membership is not None:
-            self.membership.left = True
-            key = self._control_key(self.membership.record.owner)
-            self._data.members.pop(key, None)
-            if self._data.joined.pop(key, None) is not None:
-                epochs = self._data.epochs
-                epochs[self._project] = epochs.get(self._project, 0) + 1
-            self.membership.confirmed(False)
-
-    def _keep_member(self, owner: str) -> None:
-        """The membership part of one ``elect`` call, placement included."""
-        member = self.membership
-        if member is None or member.left:
-            return
-        now = self._clock.monotonic()
-        now_ms = round(self._clock.now().timestamp() * 1000)
-        members, joined = self._data.members, self._data.joined
-        epochs = self._data.epochs
-        key = self._control_key(owner)
-        for other, (_, expiry) in list(members.items()):
-            if expiry <= now:
-                del members[other]
-                joined.pop(other, None)
-                epochs[self._project] = epochs.get(self._project, 0) + 1
-        if member.payload() or key not in members:
-            members[key] = (member.record.to_json(), now + member.ttl_ms / 1000)
-        else:
-            members[key] = (members[key][0], now + member.ttl_ms / 1000)
-        if key not in joined:
-            joined[key] = (now_ms, member.digest)
-            epochs[self._project] = epochs.get(self._project, 0) + 1
-        member.confirmed(True)
-        epoch = str(epochs.get(self._project, 0))
-        prefix = self._control_key("")
-        flat = [
-            item
-            for other, (at, digest) in joined.items()
-            if other.startswith(prefix)
-            for item in (other[len(prefix) :], f"{at}|{digest}")
-        ]
-        member.placed(now_ms, epoch, flat if epoch != member.epoch else [])
-
-    def _flags(self, job: str, held: bool) -> tuple[bool, bool, bool]:
-        """The job's controls for one ``elect`` reply: paused, triggered, step-down; the
-        requests are consumed by the holder only."""
-        controls = self._data.controls
-        paused = self._control_key(_keys.control_field("paused", job)) in controls
-        if not held:
-            return paused, False, False
-
-        def take(control: _keys.Control) -> bool:
-            key = self._control_key(_keys.control_field(control, job))
-            return controls.pop(key, None) is not None
-
-        return paused, take("trigger"), take("step-down")
-
-    async def read_cluster(
-        self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
-    ) -> ClusterData:
-        """See ``Store.read_cluster``."""
-        await asyncio.sleep(0)
-        mono, now = self._clock.monotonic(), self._clock.now()
-        prefix = f"{self._project}\x00"
-        members = []
-        for key, (text, expiry) in self._data.members.items():
-            owner = key.removeprefix(prefix)
-            record = MemberRecord.from_json(owner, text) if key.startswith(prefix) else None
-            if record is not None and expiry > mono:
-                members.append((record, now + timedelta(seconds=expiry - mono)))
-        controls = {
-            key.removeprefix(prefix): value
-            for key, value in self._data.controls.items()
-            if key.startswith(prefix)
-        }
-        data = {}
-        for name in sorted(_job_names(members, controls).union(jobs)):
-            lock = self._data.locks.get(self._key(name))
-            live = lock is not None and lock[1] > mono
-            claimed = self._data.claimed.get(self._key(name))
-            fields, expiry = self._data.checkpoints.get(self._key(name), (None, 0.0))
-            data[name] = JobData(
-                name=name,
-                value=lock[0] if lock is not None and live else None,
-                ttl_s=lock[1] - mono if lock is not None and live else None,
-                last_us=claimed[0] if claimed else None,
-                checkpoint=checked(name, fields if fields and expiry > mono else None),
             )
         return ClusterData(now=now, members=members, controls=controls, jobs=data)
