@@ -1,25 +1,22 @@
-"""The operators' methods of the Redis store: controls (pause, trigger, step-down) and the
-one read of the whole cluster. The election reads the controls and keeps the membership
-inside its own ``ELECT`` call (``_store.redis.scripts``); these are the calls of operators and
-of the cluster view."""
+"""The operators' calls on Redis: the ``CONTROL`` script (pause, trigger, step-down, and the
+wake-up notice it publishes), a node's leaving, and the one read of the whole cluster. The
+election reads the controls and keeps the membership inside its own ``ELECT`` call
+(``_store.redis.store``)."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
-
-from .._checkpoint import checked
-from . import keys as _keys
-from .base import DEFAULT_CONTROL_TIMEOUT_S, ClusterData, JobData
-from .membership import MemberRecord, Membership
-from .records import job_names, last_us
-from .redis import scripts as _scripts
+from ..._checkpoint import checked
+from .. import keys as _keys
+from ..base import DEFAULT_CONTROL_TIMEOUT_S, ClusterData, JobData
+from ..membership import MemberRecord, Membership
+from ..records import job_names, last_us
+from . import scripts as _scripts
+from .topology import Topology
 
 __all__ = ["RedisControls"]
 
@@ -31,53 +28,48 @@ def _text(value: Any) -> str | None:
 
 
 class RedisControls:
-    """The operators' methods of ``RedisLeaseStore``, on the claims' pool."""
+    """The operators' methods of the Redis store: controls and the cluster read on the
+    topology's calls client, leaving on the election's."""
 
-    _claims: Redis
-    _redis: Redis
-    _project: str
-    _channel: str
-    membership: Membership | None = None
-
-    def announce(self, membership: Membership) -> None:
-        """See ``Store.announce``."""
-        self.membership = membership
-
-    @functools.cached_property
-    def _control_script(self) -> AsyncScript:
-        return self._claims.register_script(_scripts.CONTROL)
+    def __init__(self, topology: Topology, project: str, channel: str) -> None:
+        self._topology = topology
+        self._project = project
+        self._channel = channel
+        # The wake-up goes by the pub/sub of the releases (sharded on a cluster).
+        script = _scripts.CONTROL_SHARDED if topology.sharded else _scripts.CONTROL
+        self._script = topology.calls.register_script(script)
 
     async def set_control(
         self, field: str, value: str | None, *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> bool:
         """See ``Store.set_control``: one ``CONTROL`` script call."""
         keys = [_keys.project_key(self._project, "controls")]
-        call = self._control_script(keys=keys, args=[self._channel, field, value or ""])
-        return int(await asyncio.wait_for(call, timeout_s)) == 1
+        async with asyncio.timeout(timeout_s):
+            changed = await self._script(keys=keys, args=[self._channel, field, value or ""])
+        return int(changed) == 1
 
-    async def leave(self) -> None:
+    async def leave(self, membership: Membership) -> None:
         """See ``Store.leave``: one pipeline, on the election's connections."""
-        if self.membership is None:
-            return
-        owner = self.membership.record.owner
-        self.membership.left = True  # before the deletion: no election call writes it back
-        async with self._redis.pipeline(transaction=False) as pipe:
+        owner = membership.record.owner
+        membership.left = True  # before the deletion: no election call writes it back
+        async with self._topology.election.pipeline(transaction=False) as pipe:
             pipe.hdel(_keys.project_key(self._project, "nodes"), owner)
             pipe.zrem(_keys.project_key(self._project, "nodes:expiry"), owner)
             pipe.hdel(_keys.project_key(self._project, "nodes:placement"), owner)
             pipe.hincrby(_keys.project_key(self._project, "nodes:placement"), "#epoch", 1)
             await pipe.execute()
-        self.membership.confirmed(False)
+        membership.confirmed(False)
 
     async def read_cluster(
         self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> ClusterData:
         """See ``Store.read_cluster``: two pipelines."""
-        return await asyncio.wait_for(self._read_cluster(list(jobs)), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await self._read_cluster(list(jobs))
 
     async def _read_cluster(self, extra: list[str]) -> ClusterData:
-        project = self._project
-        async with self._claims.pipeline(transaction=False) as pipe:
+        project, client = self._project, self._topology.calls
+        async with client.pipeline(transaction=False) as pipe:
             pipe.time()
             pipe.hgetall(_keys.project_key(project, "nodes"))
             pipe.zrange(_keys.project_key(project, "nodes:expiry"), 0, -1, withscores=True)
@@ -94,7 +86,7 @@ class RedisControls:
                 members.append((record, datetime.fromtimestamp(score / 1000, UTC)))
         controls = {_text(k) or "": _text(v) or "" for k, v in raw_controls.items()}
         names = sorted(job_names(members, controls).union(extra))
-        async with self._claims.pipeline(transaction=False) as pipe:
+        async with client.pipeline(transaction=False) as pipe:
             for name in names:
                 lock = _keys.job_key(project, name, "lock")
                 pipe.get(lock)

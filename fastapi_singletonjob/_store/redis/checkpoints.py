@@ -1,19 +1,16 @@
-"""The checkpoint methods of the Redis store: ``RECORD_RUN`` and ``SAVE_STATE`` (their
-arguments are encoded in ``_store.records``). The record itself and its encoding are in
-``_checkpoint.py``."""
+"""Checkpoints on Redis: the fenced ``RECORD_RUN`` (coalesced, ``_store.redis.batch``) and
+``SAVE_STATE`` scripts with their ``KEYS``, and the operators' read and reset. The arguments
+are encoded in ``_store.records``, the record itself in ``_checkpoint``."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Sequence
+from typing import Any
 
-from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 from redis.exceptions import ReadOnlyError, ResponseError
 
-from .._checkpoint import (
+from ..._checkpoint import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     Checkpoint,
     FinishedRun,
@@ -22,40 +19,34 @@ from .._checkpoint import (
     not_a_record,
     written,
 )
-from . import keys as _keys
-from .records import RUN_FIELDS, retention_ms, run_args, token_text
-from .redis import scripts as _scripts
-from .redis.batch import Batcher
-
-if TYPE_CHECKING:
-    from .._errors import StoreReadOnly
+from ..._clock import Clock
+from .. import keys as _keys
+from ..records import RUN_FIELDS, retention_ms, run_args, token_text
+from . import scripts as _scripts
+from .batch import Batcher
+from .topology import Topology
 
 __all__ = ["RedisCheckpoints"]
 
 
 class RedisCheckpoints:
-    """The checkpoint methods of ``RedisLeaseStore``: one call each, on the claims' pool
-    (never the election's), bounded by ``timeout_s``."""
+    """The checkpoint methods of the Redis store: one call each, on the topology's calls
+    client (never the election's), bounded by ``timeout_s``."""
 
-    _claims: Redis
-    _project: str
-    _shown: str
-    _read_only: Callable[[str], Awaitable[StoreReadOnly]]
-    _record_batcher: Batcher[tuple[str, list[str]], Any]  # of _record_runs, built by the store
-
-    @functools.cached_property
-    def _checkpoint_scripts(self) -> tuple[AsyncScript, AsyncScript]:
-        return (
-            self._claims.register_script(_scripts.RECORD_RUN),
-            self._claims.register_script(_scripts.SAVE_STATE),
-        )
+    def __init__(self, topology: Topology, project: str, *, clock: Clock) -> None:
+        self._topology = topology
+        self._project = project
+        client = topology.calls
+        self._record_run = client.register_script(_scripts.RECORD_RUN)
+        self._save_state = client.register_script(_scripts.SAVE_STATE)
+        self._batcher: Batcher[tuple[str, list[str]], Any] = Batcher(self._record_runs, clock=clock)
 
     async def record_run(
         self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> Checkpoint | None:
         """See ``Store.record_run``: one ``EVALSHA`` of ``RECORD_RUN``, with the runs
         of other jobs that ended while this node's previous write was in flight."""
-        reply = await self._record_batcher.submit((run.job, run_args(run)), timeout_s)
+        reply = await self._batcher.submit((run.job, run_args(run)), timeout_s)
         if not isinstance(reply, list):  # -1: the term is over
             return None
         fields = zip(RUN_FIELDS, reply, strict=True)
@@ -72,11 +63,10 @@ class RedisCheckpoints:
             else f"record the runs of {len(jobs)} jobs {jobs[:3]!r}"
             f"{'...' if len(jobs) > 3 else ''} (whether they were is unknown)"
         )
-        keys = [key for job in jobs for key in self._checkpoint_keys(job)]
+        keys = [key for job in jobs for key in self._keys(job)]
         args = [arg for _, job_args in runs for arg in job_args]
-        script = self._checkpoint_scripts[0]
-        replies: list[Any] = await self._checkpoint_call(
-            what, script(keys=keys, args=args), timeout_s
+        replies: list[Any] = await self._call(
+            what, self._record_run(keys=keys, args=args), timeout_s
         )
         return replies
 
@@ -86,10 +76,9 @@ class RedisCheckpoints:
         """See ``Store.save_state``: one ``EVALSHA`` of ``SAVE_STATE``."""
         token, retention = token_text(save.token), retention_ms(save.retention_s)
         args = [token, save.node_id, save.state_json, retention]
-        script = self._checkpoint_scripts[1]
-        reply = await self._checkpoint_call(
+        reply = await self._call(
             f"save the state of job {save.job!r} (whether it did is unknown)",
-            script(keys=self._checkpoint_keys(save.job), args=args),
+            self._save_state(keys=self._keys(save.job), args=args),
             timeout_s,
         )
         return int(reply) == 1
@@ -100,8 +89,8 @@ class RedisCheckpoints:
         """See ``Store.read_checkpoint``: one ``HGETALL``."""
         key = _keys.job_key(self._project, job, "checkpoint")
         try:
-            raw: dict[bytes, bytes] = await self._checkpoint_call(
-                f"read the checkpoint of job {job!r}", self._claims.hgetall(key), timeout_s
+            raw: dict[bytes, bytes] = await self._call(
+                f"read the checkpoint of job {job!r}", self._topology.calls.hgetall(key), timeout_s
             )
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
@@ -115,22 +104,28 @@ class RedisCheckpoints:
     ) -> bool:
         """See ``Store.reset_checkpoint``: one ``DEL``."""
         key = _keys.job_key(self._project, job, "checkpoint")
-        deleted = await self._checkpoint_call(
-            f"reset the checkpoint of job {job!r}", self._claims.delete(key), timeout_s
+        deleted = await self._call(
+            f"reset the checkpoint of job {job!r}", self._topology.calls.delete(key), timeout_s
         )
         return int(deleted) > 0
 
-    def _checkpoint_keys(self, job: str) -> list[str]:
+    async def aclose(self) -> None:
+        """Fail the writes not answered yet (``ConnectionError``)."""
+        await self._batcher.aclose()
+
+    def _keys(self, job: str) -> list[str]:
+        """``KEYS`` of the fenced scripts for ``job``: its lock, its checkpoint."""
         return [_keys.job_key(self._project, job, kind) for kind in ("lock", "checkpoint")]
 
-    async def _checkpoint_call(self, what: str, call: Awaitable[Any], timeout_s: float) -> Any:
+    async def _call(self, what: str, call: Awaitable[Any], timeout_s: float) -> Any:
         """Await ``call``; ``ConnectionError`` past ``timeout_s``, ``StoreReadOnly`` from a
-        replica (see ``RedisLeaseStore._read_only``)."""
+        replica (see ``Topology.read_only``)."""
         try:
-            return await asyncio.wait_for(call, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await call
         except TimeoutError as exc:
             raise ConnectionError(
-                f"Redis at {self._shown} did not {what} within {timeout_s:g}s"
+                f"Redis at {self._topology.shown} did not {what} within {timeout_s:g}s"
             ) from exc
         except ReadOnlyError as exc:
-            raise await self._read_only("a read-only replica") from exc
+            raise await self._topology.read_only("a read-only replica") from exc
