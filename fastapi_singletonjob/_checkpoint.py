@@ -22,7 +22,7 @@ strings, every value comes back exactly as written.
 
 Writes are fenced: ``RECORD_RUN`` and ``SAVE_STATE`` (``_store.redis.scripts``) write only
 while the job's lock holds a value of the caller's term, checked inside Redis
-(``_store/checkpoints.py`` has both stores' halves). Each sets the record's TTL to the
+(``_store.redis.checkpoints``; the memory store mimics them). Each sets the record's TTL to the
 checkpoint retention, and every renewal of the lock by ``ELECT`` pushes it back, so that only
 the record of a job no node leads any more expires. ``MemoryLeaseStore`` does the same on its
 injected clock.

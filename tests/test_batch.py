@@ -8,9 +8,11 @@ from collections.abc import Sequence
 import pytest
 from servers import RedisServerFactory
 
+from fastapi_singletonjob._errors import StoreReadOnly
 from fastapi_singletonjob._store.base import LeaseRequest
 from fastapi_singletonjob._store.redis.batch import Batcher
 from fastapi_singletonjob._store.redis.store import RedisLeaseStore
+from fastapi_singletonjob.testing import FakeClock
 
 
 class Sender:
@@ -72,6 +74,43 @@ async def test_an_error_is_each_callers_and_the_next_batch_still_goes() -> None:
     assert all(isinstance(result, ConnectionError) for result in results)
     sender.fail = None
     assert await batcher.submit(3, 5.0) == 30
+
+
+async def test_each_caller_gets_an_error_of_its_own_caused_by_the_calls() -> None:
+    """One exception per waiter (its traceback grows only with its own re-raise), of the
+    call's type and message, chained from the call's."""
+    sender = Sender()
+    batcher: Batcher[int, int] = Batcher(sender)
+    failure = StoreReadOnly("the Redis server at x is a replica: point redis_url at the primary")
+    sender.fail = failure
+    sender.gate.set()
+    results = await asyncio.gather(
+        batcher.submit(1, 5.0), batcher.submit(2, 5.0), return_exceptions=True
+    )
+    assert len(sender.batches) == 1
+    for result in results:
+        assert type(result) is StoreReadOnly and result is not failure
+        assert str(result) == str(failure) and result.__cause__ is failure
+    assert results[0] is not results[1]
+
+
+async def test_the_deadlines_are_on_the_injected_clock() -> None:
+    clock = FakeClock()
+    sender = Sender()
+    batcher: Batcher[int, int] = Batcher(sender, clock=clock)
+    first = asyncio.create_task(batcher.submit(1, 5.0))
+    await asyncio.sleep(0)
+    late = asyncio.create_task(batcher.submit(2, 1.0))
+    kept = asyncio.create_task(batcher.submit(3, 5.0))
+    await asyncio.sleep(0)
+    await clock.advance(2.0)  # while the first call is in flight, no real time passing
+    sender.gate.set()
+    assert await first == 10
+    with pytest.raises(ConnectionError, match="time ran out"):
+        await late
+    assert await kept == 30
+    assert sender.batches == [[1], [3]]
+    assert sender.timeouts == [5.0, 3.0]
 
 
 async def test_a_caller_cancelled_before_its_batch_is_left_out() -> None:

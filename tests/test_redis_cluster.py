@@ -26,7 +26,7 @@ from fastapi_singletonjob import ConfigurationError, SingletonJobs
 from fastapi_singletonjob._config.cluster_url import seed_urls
 from fastapi_singletonjob._store.base import LeaseRequest
 from fastapi_singletonjob._store.keys import job_key, release_channel
-from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore
+from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore, ClusterTopology
 from fastapi_singletonjob._web.health import readiness
 
 pytestmark = pytest.mark.redis
@@ -331,12 +331,14 @@ def test_a_client_passed_in_gives_its_settings_but_not_its_retries_or_decoding()
         socket_connect_timeout=1.5,
     )
     store = ClusterLeaseStore("p", client=client)
-    options = store._options
-    assert store._seeds == [("127.0.0.1", 7000)]
+    topology = store._topology
+    assert isinstance(topology, ClusterTopology)
+    options = topology.options
+    assert topology.seeds == [("127.0.0.1", 7000)]
     assert (options["username"], options["password"], options["ssl"]) == ("u", "pw", True)
     assert (options["ssl_ca_certs"], options["socket_connect_timeout"]) == ("/ca.pem", 1.5)
     assert "decode_responses" not in options and "retry" not in options
-    for own in store._clusters:
+    for own in (topology.election, topology.calls):
         assert own.retry.get_retries() == 0
         assert own.get_encoder().decode_responses is False
     assert "pw" not in repr(store)

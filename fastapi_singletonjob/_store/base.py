@@ -1,9 +1,13 @@
-"""The lease store: the one small interface the election needs from a backend.
+"""The store's interface: ``Store``, everything the election, the runs and the operators need
+of a backend, with its data types (requests, replies, the cluster read), the claim replies,
+the notice format and what a failed store call raises.
 
-Two implementations run through the same behavioural tests: ``RedisLeaseStore`` (in
-``_store/redis/store.py``) for real deployments, and ``MemoryLeaseStore`` here, which coordinates
-the ``SingletonJobs`` instances of one process (``memory://``) and runs on the injected
-clock, so that users' unit tests and the library's own timing tests need no server.
+Two implementations run through the same behavioural tests, and import this module but
+nothing of each other: the Redis store (``_store.redis.store``, with ``RedisLeaseStore``,
+``ClusterLeaseStore`` and ``SentinelLeaseStore``) for real deployments, and
+``MemoryLeaseStore`` (``_store.memory``), which coordinates the ``SingletonJobs`` instances of
+one process (``memory://``) and runs on the injected clock, so that users' unit tests and the
+library's own timing tests need no server.
 """
 
 from __future__ import annotations

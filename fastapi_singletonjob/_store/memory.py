@@ -1,40 +1,62 @@
-"""The in-process store of ``memory://`` URLs: the whole ``Store`` interface in Python,
-on the injected clock, for one process (tests, a single replica)."""
+"""The in-process store of ``memory://`` URLs: the whole ``Store`` interface in Python, on
+the injected clock, for one process (tests, a single replica).
+
+It does in Python what the Redis scripts do (``_store.redis.scripts``): ``ELECT`` with the
+membership, the placement and the controls, ``RELEASE``, ``CLAIM``, the fenced ``RECORD_RUN``
+and ``SAVE_STATE``, ``CONTROL``, and the cluster read; locks and records expire on the
+clock's ``monotonic()``, and its ``now()`` is the store's clock.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from .._checkpoint import (
+    DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ITERATION_DIGITS,
+    Checkpoint,
+    FinishedRun,
+    StateSave,
+    checked,
+    digits,
     to_unix_us,
+    written,
 )
 from .._clock import Clock
-from .._lock_value import (
-    is_lock_value,
-    lock_value,
-    parse_lock_value,
-)
+from .._lock_value import is_lock_value, lock_value, parse_lock_value
+from .._outcomes import Outcome
+from . import keys as _keys
 from .base import (
+    DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
     ClaimResult,
+    ClusterData,
+    JobData,
     LeaseReply,
     LeaseRequest,
     ReleaseListener,
 )
-from .checkpoints import MemoryCheckpoints
-from .controls import MemoryControls
+from .membership import MemberRecord, Membership
+from .records import RUN_FIELDS, job_names, retention_ms, run_args, token_text
 
 __all__ = ["MemoryLeaseStore"]
 
 
 @dataclass
 class _MemoryData:
-    locks: dict[str, tuple[str, float]] = field(default_factory=dict)  # job key -> value, expiry
+    """What one ``memory://`` store holds; the keys are scoped by project
+    (``MemoryLeaseStore._key``)."""
+
+    locks: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Per job key: the lock's value and its expiry."""
     fences: dict[str, int] = field(default_factory=dict)
+    """Per job key: the last fencing token granted."""
     claimed: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per job key: the last instant claimed (µs) and the token of the term that claimed it."""
     listeners: set[ReleaseListener] = field(default_factory=set)
@@ -50,11 +72,25 @@ class _MemoryData:
     """Per project: the placement epoch, raised at each join and leave."""
 
 
-# One data set per (clock, URL): instances of one process that share both see each other.
-_SHARED: weakref.WeakKeyDictionary[Clock, dict[str, _MemoryData]] = weakref.WeakKeyDictionary()
+class _Registry:
+    """The data of every ``memory://`` store of this process, one set per (clock, URL):
+    instances that share both see each other. Held weakly by clock, so a test's clock and
+    its data go together."""
+
+    def __init__(self) -> None:
+        self._by_clock: weakref.WeakKeyDictionary[Clock, dict[str, _MemoryData]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def data(self, clock: Clock, url: str) -> _MemoryData:
+        """The data that stores on ``clock`` and ``url`` share (new on first use)."""
+        return self._by_clock.setdefault(clock, {}).setdefault(url, _MemoryData())
 
 
-class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
+_REGISTRY = _Registry()
+
+
+class MemoryLeaseStore:
     """In-process lease store for ``memory://`` URLs: one process only, no persistence.
 
     Locks expire on the injected clock. Instances created with the same clock and URL share
@@ -64,10 +100,14 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
     def __init__(self, project: str, clock: Clock, url: str = "memory://") -> None:
         self._project = project
         self._clock = clock
-        self._data = _SHARED.setdefault(clock, {}).setdefault(url, _MemoryData())
+        self._data = _REGISTRY.data(clock, url)
+        self.membership: Membership | None = None
 
-    def _key(self, job: str) -> str:
-        return f"{self._project}\x00{job}"
+    def _key(self, name: str) -> str:
+        """``name`` (a job, a field of the controls hash, an owner id) in this project."""
+        return f"{self._project}\x00{name}"
+
+    # Leases
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """See ``Store.elect``."""
@@ -176,6 +216,206 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
     async def aclose(self) -> None:
         """See ``Store.aclose``."""
 
+    # Membership and controls, as ELECT keeps and reads them
+
+    def announce(self, membership: Membership) -> None:
+        """See ``Store.announce``."""
+        self.membership = membership
+
+    def _keep_member(self, owner: str) -> None:
+        """The membership part of one ``elect`` call, placement included."""
+        member = self.membership
+        if member is None or member.left:
+            return
+        now = self._clock.monotonic()
+        now_ms = round(self._clock.now().timestamp() * 1000)
+        members, joined = self._data.members, self._data.joined
+        epochs = self._data.epochs
+        key = self._key(owner)
+        for other, (_, expiry) in list(members.items()):
+            if expiry <= now:
+                del members[other]
+                joined.pop(other, None)
+                epochs[self._project] = epochs.get(self._project, 0) + 1
+        if member.payload() or key not in members:
+            members[key] = (member.record.to_json(), now + member.ttl_ms / 1000)
+        else:
+            members[key] = (members[key][0], now + member.ttl_ms / 1000)
+        if key not in joined:
+            joined[key] = (now_ms, member.digest)
+            epochs[self._project] = epochs.get(self._project, 0) + 1
+        member.confirmed(True)
+        epoch = str(epochs.get(self._project, 0))
+        prefix = self._key("")
+        flat = [
+            item
+            for other, (at, digest) in joined.items()
+            if other.startswith(prefix)
+            for item in (other[len(prefix) :], f"{at}|{digest}")
+        ]
+        member.placed(now_ms, epoch, flat if epoch != member.epoch else [])
+
+    def _flags(self, job: str, held: bool) -> tuple[bool, bool, bool]:
+        """The job's controls for one ``elect`` reply: paused, triggered, step-down; the
+        requests are consumed by the holder only."""
+        controls = self._data.controls
+        paused = self._key(_keys.control_field("paused", job)) in controls
+        if not held:
+            return paused, False, False
+
+        def take(control: _keys.Control) -> bool:
+            key = self._key(_keys.control_field(control, job))
+            return controls.pop(key, None) is not None
+
+        return paused, take("trigger"), take("step-down")
+
+    async def set_control(
+        self, field: str, value: str | None, *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    ) -> bool:
+        """See ``Store.set_control``."""
+        await asyncio.sleep(0)
+        key = self._key(field)
+        if value is None:
+            changed = self._data.controls.pop(key, None) is not None
+        else:
+            changed = key not in self._data.controls
+            self._data.controls[key] = value
+        job = frozenset({field.partition(":")[2]})  # as CONTROL's "control <job>" notice
+        for listener in list(self._data.listeners):
+            listener(job)
+        return changed
+
+    async def leave(self) -> None:
+        """See ``Store.leave``."""
+        await asyncio.sleep(0)
+        if self.membership is not None:
+            self.membership.left = True
+            key = self._key(self.membership.record.owner)
+            self._data.members.pop(key, None)
+            if self._data.joined.pop(key, None) is not None:
+                epochs = self._data.epochs
+                epochs[self._project] = epochs.get(self._project, 0) + 1
+            self.membership.confirmed(False)
+
+    async def read_cluster(
+        self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    ) -> ClusterData:
+        """See ``Store.read_cluster``."""
+        await asyncio.sleep(0)
+        mono, now = self._clock.monotonic(), self._clock.now()
+        prefix = self._key("")
+        members = []
+        for key, (text, expiry) in self._data.members.items():
+            owner = key.removeprefix(prefix)
+            record = MemberRecord.from_json(owner, text) if key.startswith(prefix) else None
+            if record is not None and expiry > mono:
+                members.append((record, now + timedelta(seconds=expiry - mono)))
+        controls = {
+            key.removeprefix(prefix): value
+            for key, value in self._data.controls.items()
+            if key.startswith(prefix)
+        }
+        data = {}
+        for name in sorted(job_names(members, controls).union(jobs)):
+            lock = self._data.locks.get(self._key(name))
+            live = lock is not None and lock[1] > mono
+            claimed = self._data.claimed.get(self._key(name))
+            fields, expiry = self._data.checkpoints.get(self._key(name), (None, 0.0))
+            data[name] = JobData(
+                name=name,
+                value=lock[0] if lock is not None and live else None,
+                ttl_s=lock[1] - mono if lock is not None and live else None,
+                last_us=claimed[0] if claimed else None,
+                checkpoint=checked(name, fields if fields and expiry > mono else None),
+            )
+        return ClusterData(now=now, members=members, controls=controls, jobs=data)
+
+    # Checkpoints, as RECORD_RUN and SAVE_STATE write them
+
+    async def record_run(
+        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """See ``Store.record_run``; ``timeout_s`` is not used (no I/O)."""
+        args, job = run_args(run), run.job
+        await asyncio.sleep(0)  # a real store is a suspension point too
+        record = self._fenced(job, run.token)
+        if record is None:
+            return None
+        success = args[2] == Outcome.SUCCESS.value
+        record["iteration"] = str(int(record["iteration"]) + success)
+        record.update(
+            last_outcome=args[2],
+            last_scheduled_us=args[3],
+            last_completed_us=args[4],
+            node_id=run.node_id,
+            fencing_token=args[0],
+        )
+        if success or not args[5]:
+            record.pop("last_error", None)
+        else:
+            record["last_error"] = args[5]
+        self._keep(job, record, args[6])
+        return written(job, {key: value for key, value in record.items() if key in RUN_FIELDS})
+
+    async def save_state(
+        self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """See ``Store.save_state``; ``timeout_s`` is not used (no I/O)."""
+        token, retention = token_text(save.token), retention_ms(save.retention_s)
+        await asyncio.sleep(0)
+        record = self._fenced(save.job, save.token)
+        if record is None:
+            return False
+        record.update(state=save.state_json, node_id=save.node_id, fencing_token=token)
+        self._keep(save.job, record, retention)
+        return True
+
+    async def read_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """See ``Store.read_checkpoint``."""
+        await asyncio.sleep(0)
+        return checked(job, self._record(job))
+
+    async def reset_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """See ``Store.reset_checkpoint``."""
+        await asyncio.sleep(0)
+        found = self._record(job) is not None
+        self._data.checkpoints.pop(self._key(job), None)
+        return found
+
+    def _record(self, job: str) -> dict[str, str] | None:
+        """A copy of ``job``'s record, unless it expired."""
+        fields, expiry = self._data.checkpoints.get(self._key(job), (None, 0.0))
+        if fields is None or expiry <= self._clock.monotonic():
+            self._data.checkpoints.pop(self._key(job), None)
+            return None
+        return dict(fields)
+
+    def _fenced(self, job: str, token: int) -> dict[str, str] | None:
+        """``job``'s record to write on, if term ``token`` holds the lock (else None),
+        repaired or started as the scripts do."""
+        lock = self._data.locks.get(self._key(job))
+        if lock is None or lock[1] <= self._clock.monotonic():
+            return None
+        if parse_lock_value(lock[0])[0] != token:
+            return None
+        record = self._record(job)
+        try:
+            digits(record["iteration"] if record else "0", ITERATION_DIGITS)
+        except (KeyError, ValueError):
+            record = None
+        return record or {"iteration": "0"}
+
+    def _keep(self, job: str, record: dict[str, str], retention: str) -> None:
+        """Store ``record`` as ``job``'s, expiring ``retention`` milliseconds from now."""
+        expiry = self._clock.monotonic() + int(retention) / 1000
+        self._data.checkpoints[self._key(job)] = (record, expiry)
+
+    # What an operator could do to the keys by hand (for tests)
+
     def delete_lock(self, job: str) -> None:
         """Drop ``job``'s lock as an operator's ``DEL`` would (for tests)."""
         self._data.locks.pop(self._key(job), None)
@@ -184,6 +424,11 @@ class MemoryLeaseStore(MemoryCheckpoints, MemoryControls):
         """Write ``job``'s lock as an operator's ``SET ... PX`` would (for tests), with any
         value, also one this library would never write."""
         self._data.locks[self._key(job)] = (value, self._clock.monotonic() + ttl_s)
+
+    def set_checkpoint_fields(self, job: str, fields: Mapping[str, str]) -> None:
+        """Replace ``job``'s record by ``fields``, without expiry, as an operator's ``DEL``
+        and ``HSET`` would (for tests), also with values this library would never write."""
+        self._data.checkpoints[self._key(job)] = (dict(fields), math.inf)
 
     def __repr__(self) -> str:
         return f"MemoryLeaseStore(project={self._project!r})"

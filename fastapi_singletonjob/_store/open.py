@@ -35,7 +35,7 @@ def open_store(
     clock: Clock,
 ) -> Store:
     """The store of one ``SingletonJobs``: a Redis store on ``client`` or ``settings``'s URL,
-    or the in-process store for ``memory://``. Opening does not connect.
+    or the in-process store for ``memory://``, on ``clock``. Opening does not connect.
 
     The pool holds the connections the store may need at once: the election round, a release,
     and one call per job that claims instants or writes its checkpoint (all may end or fire
@@ -48,9 +48,13 @@ def open_store(
     )
     pool_size = min(2 + calling, MAX_POOL_SIZE)
     if isinstance(client, RedisCluster):
-        return ClusterLeaseStore(settings.project, client=client, max_connections=pool_size)
+        return ClusterLeaseStore(
+            settings.project, client=client, max_connections=pool_size, clock=clock
+        )
     if client is not None:
-        return RedisLeaseStore(settings.project, client=client, max_connections=pool_size)
+        return RedisLeaseStore(
+            settings.project, client=client, max_connections=pool_size, clock=clock
+        )
     url = settings.redis_url
     assert url is not None
     if url.startswith("memory:"):
@@ -63,12 +67,14 @@ def open_store(
                 url,
                 connect_timeout_s=settings.heartbeat_interval_s,
                 max_connections=pool_size,
+                clock=clock,
             )
         return store_class(
             settings.project,
             url=url,
             connect_timeout_s=settings.heartbeat_interval_s,
             max_connections=pool_size,
+            clock=clock,
         )
     except (ValueError, TypeError) as exc:
         # Settings.build already refuses what redis-py misreads; should it still fail, its

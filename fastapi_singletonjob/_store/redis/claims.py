@@ -1,34 +1,33 @@
-"""Claims of instants on Redis: ``CLAIM`` calls, coalesced (``batch``), for
-``RedisLeaseStore``."""
+"""Claims of instants on Redis: the ``CLAIM`` script, its ``KEYS``/``ARGV`` and its reply, with
+the claims made while one is in flight coalesced into the next call (``_store.redis.batch``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-from redis.commands.core import AsyncScript
 from redis.exceptions import ReadOnlyError
 
+from ..._clock import Clock
 from ..._lock_value import is_lock_value
 from .. import keys as _keys
 from ..base import DEFAULT_MAX_AHEAD_US, ClaimResult
+from . import scripts as _scripts
 from .batch import Batcher
-
-if TYPE_CHECKING:
-    from ..._errors import StoreReadOnly
+from .topology import Topology
 
 __all__ = ["RedisClaims"]
 
 
 class RedisClaims:
-    """The ``claim`` method of ``RedisLeaseStore``: one ``CLAIM`` script call, with the
-    claims of other jobs made while this node's previous one was in flight."""
+    """``Store.claim`` on Redis: one ``CLAIM`` script call on the topology's calls client,
+    with the claims of other jobs made while this node's previous one was in flight."""
 
-    _project: str
-    _claim: AsyncScript
-    _claim_batcher: Batcher[tuple[str, list[str]], int]  # of _claim_all, built by the store
-    _read_only: Callable[[str], Awaitable[StoreReadOnly]]
+    def __init__(self, topology: Topology, project: str, *, clock: Clock) -> None:
+        self._topology = topology
+        self._project = project
+        self._script = topology.calls.register_script(_scripts.CLAIM)
+        self._batcher: Batcher[tuple[str, list[str]], int] = Batcher(self._claim_all, clock=clock)
 
     async def claim(
         self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
@@ -37,7 +36,7 @@ class RedisClaims:
         with the claims of other jobs made while this node's previous claim was in flight."""
         if not is_lock_value(value):
             return ClaimResult.NOT_HOLDER
-        reply = await self._claim_batcher.submit(
+        reply = await self._batcher.submit(
             (job, [value, str(instant_us), str(max_ahead_us)]), math.inf
         )
         return ClaimResult(int(reply))
@@ -54,7 +53,11 @@ class RedisClaims:
         ]
         args = [arg for _, claim_args in claims for arg in claim_args]
         try:
-            replies: list[int] = await self._claim(keys=keys, args=args)
+            replies: list[int] = await self._script(keys=keys, args=args)
         except ReadOnlyError as exc:
-            raise await self._read_only("a read-only replica") from exc
+            raise await self._topology.read_only("a read-only replica") from exc
         return replies
+
+    async def aclose(self) -> None:
+        """Fail the claims not answered yet (``ConnectionError``)."""
+        await self._batcher.aclose()

@@ -1,4 +1,5 @@
-"""The Redis lease store on a Redis Cluster.
+"""Redis Cluster as the store's topology (``ClusterTopology``), and ``ClusterLeaseStore``, the
+Redis store on it.
 
 All keys of a project share the hash tag ``{project}`` (``_store.keys``), so they live in one hash
 slot on one master, and every script stays one round trip to it. What differs from a single
@@ -19,17 +20,13 @@ Redis is which node that is, and that it changes:
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
-from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import SSLConnection, parse_url
-from redis.commands.core import AsyncScript
 from redis.exceptions import (
     MovedError,
     NoPermissionError,
@@ -38,16 +35,26 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from ..._clock import SYSTEM_CLOCK, Clock
 from ..._config.cluster_url import seed_urls
+from ..._config.redact import redact_url
 from ..._errors import StoreMismatch, StoreReadOnly
-from ..base import DEFAULT_KEEPALIVE_S, LeaseReply, LeaseRequest, ReleaseListener
-from . import scripts as _scripts
-from .connect import forced_options, no_maint_notifications
-from .store import ELECTION_CONNECTIONS, RedisLeaseStore
+from .. import keys as _keys
+from .connect import (
+    ELECTION_CONNECTIONS,
+    checked_pool_size,
+    forced_options,
+    no_maint_notifications,
+)
+from .store import RedisStore
+from .topology import warn_eviction
 
-__all__ = ["ClusterLeaseStore"]
+__all__ = ["CLUSTER_CLIENT_SHOWN", "ClusterLeaseStore", "ClusterTopology"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("fastapi_singletonjob.store")
+
+CLUSTER_CLIENT_SHOWN = "<cluster client passed in>"
+"""How logs and errors name the store when the user passed a cluster client."""
 
 _CLUSTER_OPTIONS = frozenset(inspect.signature(RedisCluster.__init__).parameters) - {"self"}
 _NODE_OPTIONS = frozenset(inspect.signature(Redis.__init__).parameters) - {"self"}
@@ -112,17 +119,161 @@ def _first_reply(exc: BaseException) -> BaseException | None:
     return seen
 
 
-class ClusterLeaseStore(RedisLeaseStore):
-    """``RedisLeaseStore`` on a Redis Cluster: the same scripts and replies, sent through
+class ClusterTopology:
+    """The ``Topology`` of a Redis Cluster: ``RedisCluster`` clients of the store's own, sharded
+    pub/sub, and the project's hash slot (that of its release channel, as of all its keys)
+    as the place to subscribe, check and ping.
+
+    :param channel: the project's release channel.
+    :param url: a ``redis+cluster://`` URL (see ``_config.cluster_url``); or
+    :param client: a ``redis.asyncio.RedisCluster``; the store opens clients of its own with
+        its seeds and connection settings, and never closes this one.
+    """
+
+    sharded = True
+
+    def __init__(
+        self,
+        channel: str,
+        *,
+        url: str | None,
+        client: RedisCluster | None,
+        connect_timeout_s: float,
+        max_connections: int | None,
+    ) -> None:
+        size = checked_pool_size(url, client, max_connections)
+        self._channel = channel
+        self.connect_timeout_s = connect_timeout_s
+        self.shown = CLUSTER_CLIENT_SHOWN if url is None else redact_url(url)
+        if client is not None:
+            seeds, options = _options_from_client(client)
+        else:
+            assert url is not None
+            seeds, options = _options_from_url(url, connect_timeout_s)
+        self._fix = "pass the cluster's nodes, not a replica"
+        self.seeds = seeds
+        """The nodes the store's clients start from."""
+        self.options = {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
+        """The connection settings taken from the URL or the user's client."""
+        self._size = size
+        # As on one Redis, the election has connections of its own (per node).
+        self.election = self._cluster(ELECTION_CONNECTIONS)
+        self.calls = self._cluster(size)
+        self._listen_at: tuple[str, int] | None = None
+
+    def _cluster(self, max_connections: int) -> RedisCluster:
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in self.seeds],
+            max_connections=max_connections,
+            require_full_coverage=False,  # only the project's slot matters
+            **{k: v for k, v in self.options.items() if k in _CLUSTER_OPTIONS},
+            **{k: v for k, v in forced_options().items() if k in _CLUSTER_OPTIONS},
+            **no_maint_notifications(),
+        )
+
+    @property
+    def max_connections(self) -> int:
+        """See ``Topology.max_connections``: per node."""
+        return self._size
+
+    def mismatch(self, exc: Exception) -> Exception | None:
+        """See ``Topology.mismatch``: a server that is no cluster node is named, and so is an
+        ACL that forbids reading the slot map. (Redirections are followed by
+        ``RedisCluster``, not errors.)"""
+        if not isinstance(exc, RedisClusterException) or _NOT_A_CLUSTER not in str(exc):
+            return None
+        # redis-py says "not enabled" for any error reply to CLUSTER SLOTS: an ACL's too.
+        if isinstance(_first_reply(exc), NoPermissionError):
+            return NoPermissionError(
+                f"the Redis user of {self.shown} may not read the cluster's slot map: "
+                "add +cluster|slots +command +spublish +ssubscribe to its ACL"
+            )
+        return StoreMismatch(
+            f"the Redis server at {self.shown} is not a Redis Cluster node (cluster mode "
+            "is not enabled): use redis:// (or a redis.asyncio.Redis client) for a single "
+            "Redis, redis+cluster:// (or RedisCluster) for a cluster"
+        )
+
+    async def read_only(self, what: str) -> StoreReadOnly:
+        """See ``Topology.read_only``. A cluster replica answers ``MOVED`` for writes
+        (followed by ``RedisCluster``), so this means a master demoted under a call: the next
+        call goes where the refreshed slot map says."""
+        return await self.refused(f"the Redis server at {self.shown} is {what}: {self._fix}")
+
+    async def refused(self, message: str) -> StoreReadOnly:
+        """See ``Topology.refused``: nothing to drop, as ``RedisCluster`` refreshes its slot
+        map after an error of a connection, and follows ``MOVED``."""
+        return StoreReadOnly(message)
+
+    async def check_server(self) -> bool:
+        """See ``Topology.check_server``: on the slot's master, refuse a Redis older than 7.0
+        (no sharded pub/sub, so every release would fail)."""
+        client = self.election
+        try:
+            node = client.get_node_from_key(self._channel)
+            info = await client.info(target_nodes=node)
+        except (ResponseError, RedisClusterException) as exc:  # an ACL, say: advisory only
+            logger.debug("could not read INFO of %s: %r", self.shown, exc)
+            return True
+        except RedisError as exc:
+            logger.debug("could not read INFO of %s: %r", self.shown, exc)
+            return False
+        version = str(info.get("redis_version", ""))
+        if version.partition(".")[0].isdigit() and int(version.partition(".")[0]) < 7:
+            raise StoreMismatch(
+                f"the Redis Cluster at {self.shown} runs Redis {version}: the library needs "
+                "Redis 7.0 or newer on a cluster (sharded pub/sub, SPUBLISH)"
+            )
+        warn_eviction(info, self.shown)
+        return True
+
+    async def ping(self) -> None:
+        """See ``Topology.ping``: the slot's master."""
+        client = await self.election.initialize()  # no slot map yet: read it first
+        await client.ping(target_nodes=client.get_node_from_key(self._channel))
+
+    async def subscriber(self) -> Redis:
+        """See ``Topology.subscriber``: a client of one connection to the slot's master, the
+        one a ``MOVED`` reply named last, else the one the election's slot map names."""
+        if self._listen_at is not None:
+            host, port = self._listen_at
+        else:
+            # Reads the slot map if the client has none yet, or marked it stale after a
+            # connection error (a dead master); else does nothing.
+            client = await self.election.initialize()
+            node = client.get_node_from_key(self._channel)
+            if node is None:
+                raise ConnectionError(f"no node of {self.shown} serves the project's slot yet")
+            host, port = node.host, int(node.port)
+        options = {**self.options, **forced_options(), **no_maint_notifications()}
+        # retry_on_timeout=False is the default, and redis-py warns when it is passed
+        options = {k: v for k, v in options.items() if k in _NODE_OPTIONS - {"retry_on_timeout"}}
+        return Redis(host=host, port=port, single_connection_client=True, **options)
+
+    def subscription_ended(self, exc: BaseException) -> None:
+        """See ``Topology.subscription_ended``: after ``MOVED`` (``SSUBSCRIBE`` sent to a node
+        that no longer has the slot) the next one goes where it names, else where the slot
+        map says."""
+        self._listen_at = (exc.host, int(exc.port)) if isinstance(exc, MovedError) else None
+
+    async def aclose(self) -> None:
+        """See ``Topology.aclose``: the store's own clients (a user's client stays open)."""
+        try:
+            await self.calls.aclose()
+        finally:
+            await self.election.aclose()
+
+
+class ClusterLeaseStore(RedisStore):
+    """The Redis store on a Redis Cluster: the same scripts and replies, sent through
     ``RedisCluster`` clients, with release notices on sharded pub/sub.
 
     :param url: a ``redis+cluster://`` URL (see ``_config.cluster_url``).
     :param client: a ``redis.asyncio.RedisCluster``; the store opens clients of its own with
         its seeds and connection settings, and never closes this one.
+    :param max_connections: size of the claims' pool, per node (see ``RedisLeaseStore``).
+    :param clock: see ``RedisStore``.
     """
-
-    _CLIENT_SHOWN = "<cluster client passed in>"
-    _CLUSTER_REPLIES = ()  # redirections are followed here, not errors
 
     def __init__(
         self,
@@ -132,148 +283,13 @@ class ClusterLeaseStore(RedisLeaseStore):
         client: RedisCluster | None = None,
         connect_timeout_s: float = 5.0,
         max_connections: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        # Not RedisLeaseStore.__init__: it builds connection pools for one server.
-        size = self._init_shared(project, url, client, connect_timeout_s, max_connections)
-        if client is not None:
-            seeds, options = _options_from_client(client)
-        else:
-            assert url is not None
-            seeds, options = _options_from_url(url, connect_timeout_s)
-        self._fix = "pass the cluster's nodes, not a replica"
-        self._seeds = seeds
-        self._options = {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
-        self._size = size
-        # As on one Redis, the election has connections of its own (per node).
-        self._clusters = (self._cluster(ELECTION_CONNECTIONS), self._cluster(size))
-        # What the base class calls on them (scripts, HGETALL, DEL) RedisCluster has too.
-        self._redis, self._claims = (cast(Redis, client) for client in self._clusters)
-        self._elect = self._redis.register_script(_scripts.ELECT_SHARDED)
-        self._release = self._redis.register_script(_scripts.RELEASE_SHARDED)
-        self._claim = self._claims.register_script(_scripts.CLAIM)
-        self._listen_at: tuple[str, int] | None = None
-
-    @functools.cached_property
-    def _control_script(self) -> AsyncScript:
-        # The wake-up of an operator's control goes by sharded pub/sub, like the releases.
-        return self._claims.register_script(_scripts.CONTROL_SHARDED)
-
-    def _cluster(self, max_connections: int) -> RedisCluster:
-        return RedisCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in self._seeds],
+        topology = ClusterTopology(
+            _keys.release_channel(project),
+            url=url,
+            client=client,
+            connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
-            require_full_coverage=False,  # only the project's slot matters
-            **{k: v for k, v in self._options.items() if k in _CLUSTER_OPTIONS},
-            **{k: v for k, v in forced_options().items() if k in _CLUSTER_OPTIONS},
-            **no_maint_notifications(),
         )
-
-    @property
-    def _cluster_client(self) -> RedisCluster:
-        """The election's client."""
-        return self._clusters[0]
-
-    @property
-    def max_connections(self) -> int:
-        """Size of the claims' pool, per node."""
-        return self._size
-
-    async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
-        """See ``RedisLeaseStore.elect``; a server that is no cluster node is named."""
-        try:
-            return await super().elect(node_id, requests)
-        except RedisClusterException as exc:
-            if _NOT_A_CLUSTER not in str(exc):
-                raise
-            # redis-py says "not enabled" for any error reply to CLUSTER SLOTS: an ACL's too.
-            if isinstance(_first_reply(exc), NoPermissionError):
-                raise NoPermissionError(
-                    f"the Redis user of {self._shown} may not read the cluster's slot map: "
-                    "add +cluster|slots +command +spublish +ssubscribe to its ACL"
-                ) from None
-            raise StoreMismatch(
-                f"the Redis server at {self._shown} is not a Redis Cluster node (cluster mode "
-                "is not enabled): use redis:// (or a redis.asyncio.Redis client) for a single "
-                "Redis, redis+cluster:// (or RedisCluster) for a cluster"
-            ) from None
-
-    async def _subscriber(self) -> Redis:
-        """A client of one connection to the slot's master: the one a ``MOVED`` reply named
-        last, else the one the election's slot map names."""
-        if self._listen_at is not None:
-            host, port = self._listen_at
-        else:
-            # Reads the slot map if the client has none yet, or marked it stale after a
-            # connection error (a dead master); else does nothing.
-            client = await self._cluster_client.initialize()
-            node = client.get_node_from_key(self._channel)
-            if node is None:
-                raise ConnectionError(f"no node of {self._shown} serves the project's slot yet")
-            host, port = node.host, int(node.port)
-        options = {**self._options, **forced_options(), **no_maint_notifications()}
-        # retry_on_timeout=False is the default, and redis-py warns when it is passed
-        options = {k: v for k, v in options.items() if k in _NODE_OPTIONS - {"retry_on_timeout"}}
-        return Redis(host=host, port=port, single_connection_client=True, **options)
-
-    def _subscribe(self, pubsub: PubSub) -> Awaitable[object]:
-        return pubsub.ssubscribe(self._channel)
-
-    async def listen_releases(
-        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
-    ) -> None:
-        """See ``RedisLeaseStore.listen_releases``; follows the slot when it moves."""
-        try:
-            await super().listen_releases(on_release, keepalive_s=keepalive_s)
-        except MovedError as exc:  # SSUBSCRIBE sent to a node that no longer has the slot
-            self._listen_at = (exc.host, int(exc.port))
-            raise
-        except BaseException:
-            self._listen_at = None
-            raise
-
-    async def _read_only(self, what: str) -> StoreReadOnly:
-        """The error for a write refused as read-only. A cluster replica answers ``MOVED``
-        for writes (followed by ``RedisCluster``), so this means a master demoted under a
-        call: the next call goes where the refreshed slot map says."""
-        return StoreReadOnly(f"the Redis server at {self._shown} is {what}: {self._fix}")
-
-    async def _check_server(self) -> None:
-        """Once, on the slot's master: refuse a Redis older than 7.0 (no sharded pub/sub, so
-        every release would fail), and warn about an eviction policy that may evict locks."""
-        client = self._cluster_client
-        try:
-            node = client.get_node_from_key(self._channel)
-            info = await client.info(target_nodes=node)
-        except (ResponseError, RedisClusterException) as exc:  # an ACL, say: advisory only
-            self._checked_server = True
-            logger.debug("could not read INFO of %s: %r", self._shown, exc)
-            return
-        except RedisError as exc:
-            logger.debug("could not read INFO of %s: %r", self._shown, exc)
-            return
-        version = str(info.get("redis_version", ""))
-        if version.partition(".")[0].isdigit() and int(version.partition(".")[0]) < 7:
-            raise StoreMismatch(
-                f"the Redis Cluster at {self._shown} runs Redis {version}: the library needs "
-                "Redis 7.0 or newer on a cluster (sharded pub/sub, SPUBLISH)"
-            )
-        self._checked_server = True
-        self._warn_eviction(info)
-
-    async def ping(self) -> None:
-        """See ``Store.ping``: the slot's master."""
-        client = await self._cluster_client.initialize()  # no slot map yet: read it first
-        await client.ping(target_nodes=client.get_node_from_key(self._channel))
-
-    async def aclose(self) -> None:
-        """Close this store's own clients; a user's client stays open."""
-        election, claims = self._clusters
-        try:
-            await self._record_batcher.aclose()
-            await self._claim_batcher.aclose()
-            await claims.aclose()
-        finally:
-            await election.aclose()
-
-    def __repr__(self) -> str:
-        return f"ClusterLeaseStore(project={self._project!r}, url={self._shown!r})"
+        super().__init__(project, topology, clock=clock)

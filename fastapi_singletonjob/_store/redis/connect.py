@@ -1,6 +1,6 @@
-"""Connection options of the Redis stores: what they take from a URL or a user's client, and
-what they force whatever either says (no client-side retries, raw bytes, no maintenance
-notifications)."""
+"""Connections of the Redis stores: the pool sizes, the options they take from a URL or a
+user's client, and what they force whatever either says (no client-side retries, raw bytes,
+no maintenance notifications)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from redis.backoff import NoBackoff
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
+    "ELECTION_CONNECTIONS",
+    "POOL_WAIT_S",
     "checked_pool_size",
     "forced_options",
     "no_maint_notifications",
@@ -26,6 +28,14 @@ __all__ = [
 DEFAULT_MAX_CONNECTIONS = 4
 """Connections of the claims' pool when the caller does not size it; more claims wait their
 turn."""
+
+ELECTION_CONNECTIONS = 2
+"""Connections of the election's own pool: a round, and a release at the same time (a job that
+retires while a round is in flight)."""
+
+POOL_WAIT_S = 10.0
+"""How long a call waits for a free connection of the shared pool before it fails. A backstop
+only: the elector and the runner bound every call with a shorter timeout of their own."""
 
 
 def checked_pool_size(url: str | None, client: object, max_connections: int | None) -> int:
@@ -43,6 +53,7 @@ def checked_pool_size(url: str | None, client: object, max_connections: int | No
 
 
 def no_retry() -> Retry:
+    """A retry policy of no retries (the elector does its own backoff)."""
     return Retry(NoBackoff(), 0)
 
 

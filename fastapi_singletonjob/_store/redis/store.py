@@ -1,69 +1,58 @@
-"""The Redis lease store.
+"""The Redis lease store: ``RedisStore``, one class for every topology, and ``RedisLeaseStore``,
+the store on a single server.
 
 The store talks to Redis through connections of its own, with redis-py's automatic retries
 turned off: a retry hidden inside one call could outlast the lease it is renewing. The elector
 bounds every call with a timeout and does its own backoff.
 
-Connections: one shared pool for the calls (elect, release, claims, pings), which makes a call
-wait for a free connection rather than fail when all are busy (claims of many cron jobs on one
-instant come all at once), and one dedicated connection per release subscription, which holds
-its connection for good and must not take one from the calls. Only clients and pools this
-module created are closed; a client passed in by the user is never closed.
+``RedisStore`` encodes and decodes the election's ``ELECT`` and ``RELEASE`` calls itself, and
+hands the rest to helpers it builds: claims (``RedisClaims``), checkpoints
+(``RedisCheckpoints``), the operators' calls (``RedisControls``) and the release subscription
+(``ReleaseSubscription``). What depends on the topology (single server, Sentinel, Redis
+Cluster: clients and pools, pub/sub, server checks, error classification) is its
+``Topology``. Only clients and pools the store created are closed; a client passed in by the
+user is never closed.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
-from redis.asyncio.client import PubSub
-from redis.exceptions import (
-    AskError,
-    ClusterCrossSlotError,
-    ReadOnlyError,
-    RedisError,
-    ResponseError,
-)
+from redis.asyncio import Redis
+from redis.exceptions import ReadOnlyError, ResponseError
 
-from ..._config.redact import redact_url
-from ..._errors import StoreMismatch, StoreReadOnly
+from ..._checkpoint import DEFAULT_CHECKPOINT_TIMEOUT_S, Checkpoint, FinishedRun, StateSave
+from ..._clock import SYSTEM_CLOCK, Clock
 from ..._lock_value import is_lock_value
 from .. import keys as _keys
-from ..base import DEFAULT_MAX_AHEAD_US, LeaseReply, LeaseRequest
-from ..checkpoints import RedisCheckpoints
-from ..controls import RedisControls
-from . import scripts as _scripts
-from .batch import Batcher
-from .claims import RedisClaims
-from .connect import (
-    DEFAULT_MAX_CONNECTIONS,
-    checked_pool_size,
-    no_maint_notifications,
-    options_from_client,
-    options_from_url,
+from ..base import (
+    DEFAULT_CONTROL_TIMEOUT_S,
+    DEFAULT_KEEPALIVE_S,
+    DEFAULT_MAX_AHEAD_US,
+    ClaimResult,
+    ClusterData,
+    LeaseReply,
+    LeaseRequest,
+    ReleaseListener,
 )
-from .subscription import RedisReleases
+from ..membership import Membership
+from . import scripts as _scripts
+from .checkpoints import RedisCheckpoints
+from .claims import RedisClaims
+from .connect import DEFAULT_MAX_CONNECTIONS, ELECTION_CONNECTIONS, POOL_WAIT_S
+from .controls import RedisControls
+from .server import SingleServer
+from .subscription import ReleaseSubscription
+from .topology import Topology
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "ELECTION_CONNECTIONS",
     "POOL_WAIT_S",
     "RedisLeaseStore",
+    "RedisStore",
 ]
-
-logger = logging.getLogger(__name__)
-
-
-ELECTION_CONNECTIONS = 2
-"""Connections of the election's own pool: a round, and a release at the same time (a job that
-retires while a round is in flight)."""
-
-POOL_WAIT_S = 10.0
-"""How long a call waits for a free connection of the shared pool before it fails. A backstop
-only: the elector and the runner bound every call with a shorter timeout of their own."""
 
 _READ_ONLY_PREFIX = "READONLY"
 
@@ -74,98 +63,51 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisReleases):
+class RedisStore:
     """Leases kept in Redis keys (see ``_store.keys``), changed only by the scripts in
-    ``_store.redis.scripts``.
+    ``_store.redis.scripts``, on any topology; build one of ``RedisLeaseStore``,
+    ``ClusterLeaseStore`` or ``SentinelLeaseStore``.
 
-    :param max_connections: size of the claims' pool (default ``DEFAULT_MAX_CONNECTIONS``);
-        callers size it from the work, e.g. two plus the number of jobs that claim instants,
-        capped. The election (renewals, releases) has ``ELECTION_CONNECTIONS`` of its own, and
-        each release subscription one more.
+    :param topology: the clients, and what depends on the topology behind them.
+    :param clock: whose ``monotonic()`` the store's deadlines are on (coalesced calls, the
+        release subscription's keepalive).
     """
 
-    def __init__(
-        self,
-        project: str,
-        *,
-        url: str | None = None,
-        client: Redis | None = None,
-        connect_timeout_s: float = 5.0,
-        max_connections: int | None = None,
-    ) -> None:
-        size = self._init_shared(project, url, client, connect_timeout_s, max_connections)
-        if client is not None:
-            self._fix = "pass redis= a client of the primary (with Sentinel: master_for())"
-            self._connection_class, self._options = options_from_client(client)
-        else:
-            assert url is not None
-            self._fix = "point redis_url at the primary"
-            self._connection_class, self._options = options_from_url(url, connect_timeout_s)
-        # The election has connections of its own: a renewal never waits behind a burst of
-        # claims (40 cron jobs on one instant), or its lease could lapse while it queues.
-        self._redis = Redis(
-            connection_pool=self._pool(
-                BlockingConnectionPool, ELECTION_CONNECTIONS, timeout=POOL_WAIT_S
-            )
-        )
-        self._claims = Redis(
-            connection_pool=self._pool(BlockingConnectionPool, size, timeout=POOL_WAIT_S)
-        )
-        self._elect = self._redis.register_script(_scripts.ELECT)
-        self._release = self._redis.register_script(_scripts.RELEASE)
-        self._claim = self._claims.register_script(_scripts.CLAIM)
-
-    def _init_shared(
-        self,
-        project: str,
-        url: str | None,
-        client: object,
-        connect_timeout_s: float,
-        max_connections: int | None,
-    ) -> int:
-        """The start of ``__init__``, shared with ``ClusterLeaseStore`` (whose ``__init__``
-        does not call this class's): the arguments checked, and what does not depend on the
-        topology. Returns the size of the claims' pool."""
-        size = checked_pool_size(url, client, max_connections)
+    def __init__(self, project: str, topology: Topology, *, clock: Clock) -> None:
         self._project = project
-        self._connect_timeout_s = connect_timeout_s
-        self._shown = self._CLIENT_SHOWN if url is None else redact_url(url)
-        self._checked_server = False
+        self._topology = topology
         self._channel = _keys.release_channel(project)
-        self._claim_batcher = Batcher(self._claim_all)
-        self._record_batcher = Batcher(self._record_runs)
-        return size
-
-    _CLIENT_SHOWN = "<client passed in>"
-    """How logs and errors name the store when the user passed a client."""
-
-    _CLUSTER_REPLIES: tuple[type[Exception], ...] = (AskError, ClusterCrossSlotError)
-    """Replies only a Redis Cluster node gives: this server is one (see ``cluster``)."""
+        self._checked_server = False
+        self.membership: Membership | None = None
+        election = topology.election
+        self._elect = election.register_script(
+            _scripts.ELECT_SHARDED if topology.sharded else _scripts.ELECT
+        )
+        self._release = election.register_script(
+            _scripts.RELEASE_SHARDED if topology.sharded else _scripts.RELEASE
+        )
+        self._claims = RedisClaims(topology, project, clock=clock)
+        self._checkpoints = RedisCheckpoints(topology, project, clock=clock)
+        self._controls = RedisControls(topology, project, self._channel)
+        self._subscription = ReleaseSubscription(topology, self._channel, clock=clock)
 
     @property
     def max_connections(self) -> int:
-        """Size of the claims' pool."""
-        return int(self._claims.connection_pool.max_connections)
+        """Size of the claims' pool (per node on a cluster). The election (renewals,
+        releases) has ``ELECTION_CONNECTIONS`` of its own, and each release subscription
+        one more."""
+        return self._topology.max_connections
 
-    def _pool(
-        self, pool_class: type[ConnectionPool], max_connections: int, **extra: Any
-    ) -> ConnectionPool:
-        return pool_class(
-            connection_class=self._connection_class,
-            max_connections=max_connections,
-            **self._options,
-            **no_maint_notifications(),
-            **extra,
-        )
+    # Leases
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """See ``Store.elect``: one ``EVALSHA`` for all jobs."""
-        member, project = self.membership, self._project
+        member, project, topology = self.membership, self._project, self._topology
         keys = [
             _keys.project_key(project, name)
             for name in ("nodes", "nodes:expiry", "controls", "nodes:placement")
         ]
-        echo = self._echo_wanted
+        echo = self._subscription.echo_wanted
         args: list[str | int] = [node_id, "", "", "", "", self._channel if echo else ""]
         if member is not None and not member.left:
             args[1:5] = [member.payload(), member.ttl_ms, member.epoch, member.digest]
@@ -186,19 +128,21 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisRelease
         try:
             raw: list[Any] = await self._elect(keys=keys, args=args)
         except ReadOnlyError as exc:  # a renewal's PEXPIRE, refused by a replica
-            raise await self._read_only("a read-only replica") from exc
-        except self._CLUSTER_REPLIES as exc:
-            raise self._cluster_node(type(exc).__name__) from None
-        except ResponseError as exc:  # min-replicas-to-write: a primary cut off from replicas
-            if not str(exc).startswith("NOREPLICAS"):
+            raise await topology.read_only("a read-only replica") from exc
+        except Exception as exc:
+            mismatch = topology.mismatch(exc)
+            if mismatch is not None:
+                raise mismatch from None
+            # min-replicas-to-write: a primary cut off from its replicas
+            if not (isinstance(exc, ResponseError) and str(exc).startswith("NOREPLICAS")):
                 raise
-            raise await self._refused(
-                f"the Redis server at {self._shown} refuses writes: fewer of its replicas "
+            raise await topology.refused(
+                f"the Redis server at {topology.shown} refuses writes: fewer of its replicas "
                 "answer than its min-replicas-to-write asks (NOREPLICAS; cut off from them, it "
                 "may no longer be the primary), so this node's leases end at their deadlines"
             ) from exc
         if echo:
-            self._echo_wanted, self._echo_sent_at = False, asyncio.get_running_loop().time()
+            self._subscription.echo_sent()
         if member is not None:
             member.confirmed(int(raw[0]) == 1)
             server_ms, epoch, *flat = raw[4 * len(requests) + 1 :]
@@ -209,7 +153,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisRelease
             if int(status) < 0:  # the free lock could not be written: value is the error
                 error = _text(value)
                 if error is not None and error.startswith(_READ_ONLY_PREFIX):
-                    raise await self._read_only("a read-only replica")
+                    raise await topology.read_only("a read-only replica")
                 replies.append(LeaseReply(request.job, False, None, None, error))
                 continue
             ttl_s = None if int(ttl_ms) < 0 else int(ttl_ms) / 1000
@@ -225,7 +169,7 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisRelease
                 )
             )
         if not self._checked_server:
-            await self._check_server()
+            self._checked_server = await topology.check_server()
         return replies
 
     async def release(
@@ -244,87 +188,113 @@ class RedisLeaseStore(RedisClaims, RedisCheckpoints, RedisControls, RedisRelease
         try:
             released: int = await self._release(keys=keys, args=args)
         except ReadOnlyError as exc:
-            raise await self._read_only("a read-only replica") from exc
+            raise await self._topology.read_only("a read-only replica") from exc
         return int(released)
 
-    async def _subscriber(self) -> Redis:
-        """A client of one connection, for a release subscription."""
-        return Redis(connection_pool=self._pool(ConnectionPool, 1))
+    async def claim(
+        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+    ) -> ClaimResult:
+        """See ``Store.claim`` and ``RedisClaims.claim``."""
+        return await self._claims.claim(job, value, instant_us, max_ahead_us=max_ahead_us)
 
-    def _subscribe(self, pubsub: PubSub) -> Awaitable[object]:
-        return pubsub.subscribe(self._channel)
-
-    def _cluster_node(self, reply: str) -> StoreMismatch:
-        return StoreMismatch(
-            f"the Redis server at {self._shown} is a Redis Cluster node (it answered "
-            f"{reply}): use redis+cluster://host:port,host:port/ or pass redis= a "
-            "redis.asyncio.RedisCluster"
-        )
-
-    async def _read_only(self, what: str) -> StoreReadOnly:
-        """The error for a server that will not take the election's writes."""
-        return await self._refused(f"the Redis server at {self._shown} is {what}: {self._fix}")
-
-    async def _refused(self, message: str) -> StoreReadOnly:
-        """``StoreReadOnly(message)``, once the pool's idle connections are dropped: a
-        Sentinel-managed connection looks up the primary again when it reconnects, so the
-        next round reaches the new primary."""
-        try:
-            for client in (self._redis, self._claims):
-                await client.connection_pool.disconnect(inuse_connections=False)
-        except Exception as exc:  # dropping is best effort; the error below is what matters
-            logger.debug("could not drop the connections to %s: %r", self._shown, exc)
-        return StoreReadOnly(message)
-
-    async def _check_server(self) -> None:
-        """Once, after the first election call that answered: refuse a replica, and warn
-        about an eviction policy that may evict locks.
-
-        A replica whose locks are all held by nodes on the primary writes nothing, so only
-        its role gives it away; a replica with ``replica-read-only no`` would even take the
-        writes and lead alone. ``INFO`` may be forbidden by an ACL: then writes on a replica
-        are still refused with ``READONLY`` (see ``elect``), and the policy goes unchecked.
-        """
-        try:
-            info = await self._redis.info()
-        except ResponseError as exc:  # forbidden by an ACL, say: both checks are advisory
-            self._checked_server = True
-            logger.debug("could not read INFO of %s: %r", self._shown, exc)
-            return
-        except RedisError as exc:  # the connection failed right after the call: next round
-            logger.debug("could not read INFO of %s: %r", self._shown, exc)
-            return
-        if str(info.get("role", "master")) in ("slave", "replica"):
-            raise await self._read_only("a replica")
-        if int(info.get("cluster_enabled", 0) or 0):
-            raise self._cluster_node("cluster_enabled:1 in INFO")
-        self._checked_server = True
-        self._warn_eviction(info)
-
-    def _warn_eviction(self, info: Mapping[str, Any]) -> None:
-        """Warn about an eviction policy that may evict locks."""
-        policy = str(info.get("maxmemory_policy", "noeviction"))
-        if int(info.get("maxmemory", 0) or 0) > 0 and policy != "noeviction":
-            logger.warning(
-                "Redis at %s has maxmemory set with maxmemory-policy %s: when it is full it "
-                "may evict lock keys, and then two nodes can run a job at once; use "
-                "maxmemory-policy noeviction (or a Redis dedicated to locks without maxmemory)",
-                self._shown,
-                policy,
-            )
+    async def listen_releases(
+        self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+    ) -> None:
+        """See ``Store.listen_releases`` and ``ReleaseSubscription.listen``."""
+        await self._subscription.listen(on_release, keepalive_s=keepalive_s)
 
     async def ping(self) -> None:
         """See ``Store.ping``."""
-        await self._redis.ping()
+        await self._topology.ping()
 
     async def aclose(self) -> None:
-        """Close this store's own pool; a user's client stays open."""
+        """Close this store's own clients and pools; a user's client stays open."""
         try:
-            await self._record_batcher.aclose()
-            await self._claim_batcher.aclose()
-            await self._claims.aclose(close_connection_pool=True)
+            await self._checkpoints.aclose()
+            await self._claims.aclose()
         finally:
-            await self._redis.aclose(close_connection_pool=True)
+            await self._topology.aclose()
+
+    # Checkpoints
+
+    async def record_run(
+        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """See ``Store.record_run`` and ``RedisCheckpoints.record_run``."""
+        return await self._checkpoints.record_run(run, timeout_s=timeout_s)
+
+    async def save_state(
+        self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """See ``Store.save_state`` and ``RedisCheckpoints.save_state``."""
+        return await self._checkpoints.save_state(save, timeout_s=timeout_s)
+
+    async def read_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """See ``Store.read_checkpoint`` and ``RedisCheckpoints.read_checkpoint``."""
+        return await self._checkpoints.read_checkpoint(job, timeout_s=timeout_s)
+
+    async def reset_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """See ``Store.reset_checkpoint`` and ``RedisCheckpoints.reset_checkpoint``."""
+        return await self._checkpoints.reset_checkpoint(job, timeout_s=timeout_s)
+
+    # Membership and the operators' calls
+
+    def announce(self, membership: Membership) -> None:
+        """See ``Store.announce``."""
+        self.membership = membership
+
+    async def leave(self) -> None:
+        """See ``Store.leave`` and ``RedisControls.leave``."""
+        if self.membership is not None:
+            await self._controls.leave(self.membership)
+
+    async def set_control(
+        self, field: str, value: str | None, *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    ) -> bool:
+        """See ``Store.set_control`` and ``RedisControls.set_control``."""
+        return await self._controls.set_control(field, value, timeout_s=timeout_s)
+
+    async def read_cluster(
+        self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    ) -> ClusterData:
+        """See ``Store.read_cluster`` and ``RedisControls.read_cluster``."""
+        return await self._controls.read_cluster(jobs, timeout_s=timeout_s)
 
     def __repr__(self) -> str:
-        return f"RedisLeaseStore(project={self._project!r}, url={self._shown!r})"
+        return f"{type(self).__name__}(project={self._project!r}, url={self._topology.shown!r})"
+
+
+class RedisLeaseStore(RedisStore):
+    """The Redis store on a single server (the primary).
+
+    :param url: a ``redis://`` or ``rediss://`` URL; or
+    :param client: a ``redis.asyncio.Redis`` whose connection settings the store copies into
+        pools of its own (it never closes this one).
+    :param max_connections: size of the claims' pool (default ``DEFAULT_MAX_CONNECTIONS``);
+        callers size it from the work, e.g. two plus the number of jobs that claim instants,
+        capped. The election (renewals, releases) has ``ELECTION_CONNECTIONS`` of its own, and
+        each release subscription one more.
+    :param clock: see ``RedisStore``.
+    """
+
+    def __init__(
+        self,
+        project: str,
+        *,
+        url: str | None = None,
+        client: Redis | None = None,
+        connect_timeout_s: float = 5.0,
+        max_connections: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        topology = SingleServer(
+            url=url,
+            client=client,
+            connect_timeout_s=connect_timeout_s,
+            max_connections=max_connections,
+        )
+        super().__init__(project, topology, clock=clock)

@@ -1,33 +1,46 @@
-"""The release subscription of the Redis stores (``listen_releases``), for ``RedisLeaseStore``:
-a connection of its own, checked by echoes that ``elect`` publishes and by pings."""
+"""The release subscription of the Redis store (``Store.listen_releases``): a connection of its
+own, on the topology's pub/sub, checked by echoes that ``elect`` publishes and by pings."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
-from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
-
+from ..._clock import Clock
 from ..base import DEFAULT_KEEPALIVE_S, ReleaseListener, parse_notice
+from .topology import Topology
 
-__all__ = ["RedisReleases"]
+__all__ = ["ReleaseSubscription"]
 
 
-class RedisReleases:
-    """The ``listen_releases`` method of ``RedisLeaseStore``; the store says where to
-    subscribe (``_subscriber``, ``_subscribe``) and publishes the echoes (``elect``)."""
+class ReleaseSubscription:
+    """Listens for the release notices of one project, and says when its connection wants
+    checking: ``echo_wanted`` is True once it heard nothing for a keepalive, and the store's
+    next ``elect`` publishes an echo on the channel, then calls ``echo_sent``.
 
-    _shown: str
-    _connect_timeout_s: float
-    _subscriber: Callable[[], Awaitable[Redis]]
-    _subscribe: Callable[[PubSub], Awaitable[object]]
+    :param channel: the project's release channel.
+    :param clock: whose ``monotonic()`` the keepalive deadlines are on.
+    """
 
-    _echo_wanted = False  # the listener heard nothing for a keepalive: the next elect echoes
-    _echo_sent_at = float("-inf")  # loop time of the last elect that published an echo
-    _broke = False  # the last subscription failed: the next one's confirmation wakes
+    def __init__(self, topology: Topology, channel: str, *, clock: Clock) -> None:
+        self._topology = topology
+        self._channel = channel
+        self._clock = clock
+        self._echo_wanted = False
+        self._echo_sent_at = float("-inf")  # when the last elect that published an echo ended
+        self._broke = False  # the last subscription failed: the next one's confirmation wakes
 
-    async def listen_releases(
+    @property
+    def echo_wanted(self) -> bool:
+        """The listener heard nothing for a keepalive: the next ``elect`` is to publish an
+        echo on the channel (any node's echo will do)."""
+        return self._echo_wanted
+
+    def echo_sent(self) -> None:
+        """An ``elect`` call that published an echo answered."""
+        self._echo_wanted, self._echo_sent_at = False, self._clock.monotonic()
+
+    async def listen(
         self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
     ) -> None:
         """See ``Store.listen_releases``: a subscription on a connection of its own.
@@ -43,42 +56,50 @@ class RedisReleases:
         and, on a subscription that replaces a failed one, passed on as ``on_release(None)``:
         notices may have been missed meanwhile, and the store answers again.
         """
+        try:
+            await self._listen(on_release, keepalive_s)
+        except BaseException as exc:
+            self._topology.subscription_ended(exc)
+            raise
+
+    async def _listen(self, on_release: ReleaseListener, keepalive_s: float) -> None:
         if not keepalive_s > 0:
             raise ValueError(f"keepalive_s={keepalive_s!r} must be a positive number of seconds")
-        loop = asyncio.get_running_loop()
-        client = await self._subscriber()
+        topology, clock = self._topology, self._clock
+        client = await topology.subscriber()
         pubsub = client.pubsub()
+        subscribe = pubsub.ssubscribe if topology.sharded else pubsub.subscribe
         try:
             # Connecting (with its handshake) and sending are bounded too: on a dead peer
             # either can wait for good, as no socket timeout is set.
             await self._within(
-                "subscribe", self._subscribe(pubsub), self._connect_timeout_s + keepalive_s
+                "subscribe", subscribe(self._channel), topology.connect_timeout_s + keepalive_s
             )
-            awaiting_since: float | None = loop.time()  # a reply is due since then
-            heard_at, pinged = loop.time(), True
+            awaiting_since: float | None = clock.monotonic()  # a reply is due since then
+            heard_at, pinged = clock.monotonic(), True
             while True:
-                now = loop.time()
+                now = clock.monotonic()
                 if awaiting_since is not None:
                     wait_s = awaiting_since + keepalive_s - now
                     if wait_s <= 0 and not pinged and self._echo_sent_at < awaiting_since:
                         await self._within("send PING", pubsub.ping(), keepalive_s)
-                        awaiting_since, pinged = loop.time(), True
+                        awaiting_since, pinged = clock.monotonic(), True
                         continue
                     if wait_s <= 0:
                         raise ConnectionError(
-                            f"the release subscription to {self._shown} got no reply within "
+                            f"the release subscription to {topology.shown} got no reply within "
                             f"{keepalive_s:g}s: its connection is dead"
                         )
                 else:
                     wait_s = heard_at + keepalive_s - now
                     if wait_s <= 0:
                         self._echo_wanted = True
-                        awaiting_since, pinged = loop.time(), False
+                        awaiting_since, pinged = clock.monotonic(), False
                         continue
                 message = await pubsub.get_message(timeout=wait_s)
                 if message is None:
                     continue
-                heard_at, awaiting_since = loop.time(), None
+                heard_at, awaiting_since = clock.monotonic(), None
                 kind = message.get("type")
                 data = message.get("data", b"")
                 if kind in ("message", "smessage") and data not in (b"echo", "echo"):
@@ -88,7 +109,7 @@ class RedisReleases:
                     on_release(None)
                 elif kind == "sunsubscribe":  # a cluster moved the slot away from this node
                     raise ConnectionError(
-                        f"the release subscription to {self._shown} was ended by the server: "
+                        f"the release subscription to {topology.shown} was ended by the server: "
                         "the project's hash slot moved to another node"
                     )
         except Exception:
@@ -101,9 +122,10 @@ class RedisReleases:
     async def _within(self, what: str, call: Awaitable[object], timeout_s: float) -> None:
         """Await a call of the release subscription; ``ConnectionError`` past ``timeout_s``."""
         try:
-            await asyncio.wait_for(call, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await call
         except TimeoutError as exc:
             raise ConnectionError(
-                f"the release subscription to {self._shown} could not {what} within "
+                f"the release subscription to {self._topology.shown} could not {what} within "
                 f"{timeout_s:g}s: its connection is dead"
             ) from exc

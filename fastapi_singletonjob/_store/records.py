@@ -1,0 +1,90 @@
+"""The encoding both stores share: the ``RECORD_RUN`` and ``SAVE_STATE`` arguments (checked),
+the fields ``record_run`` returns, and how the cluster read names jobs and reads a job's last
+claimed instant. The memory store reads the same lists the Redis scripts take, so both write
+the same records."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from .._checkpoint import MAX_ERROR_CHARS, FinishedRun, to_unix_us
+from .._lock_value import MAX_TOKEN
+from .._outcomes import Outcome
+from .membership import MemberRecord
+
+__all__ = [
+    "RUN_FIELDS",
+    "job_names",
+    "last_us",
+    "retention_ms",
+    "run_args",
+    "shorten_error",
+    "token_text",
+]
+
+RUN_FIELDS = (
+    "iteration",
+    "last_scheduled_us",
+    "last_completed_us",
+    "last_outcome",
+    "last_error",
+    "node_id",
+    "fencing_token",
+)
+"""The fields ``record_run`` returns, in ``RECORD_RUN``'s order: all but the state, which can
+be as large as 64 KiB and which the caller knows (it saved it, or read it)."""
+
+
+def shorten_error(error: str | None) -> str:
+    """``error`` cut to ``MAX_ERROR_CHARS``, as text Redis takes ("" for none)."""
+    if not error:
+        return ""
+    if len(error) > MAX_ERROR_CHARS:
+        error = error[: MAX_ERROR_CHARS - 1] + "\u2026"
+    return error.encode(errors="replace").decode()  # a lone surrogate would fail the write
+
+
+def token_text(token: int) -> str:
+    """A fencing token as the scripts take it; ``ValueError`` for anything else."""
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 < token <= MAX_TOKEN:
+        raise ValueError(f"token={token!r} is not a fencing token (1 to {MAX_TOKEN})")
+    return str(token)
+
+
+def retention_ms(retention_s: float) -> str:
+    """A checkpoint retention in whole milliseconds (at least 1) as the scripts take it;
+    ``ValueError`` unless it is a positive, finite number of seconds."""
+    if not (isinstance(retention_s, (int, float)) and 0 < retention_s < math.inf):
+        raise ValueError(f"retention_s={retention_s!r} must be a positive number of seconds")
+    return str(max(1, round(retention_s * 1000)))
+
+
+def run_args(run: FinishedRun) -> list[str]:
+    """ARGV of ``RECORD_RUN`` for ``run``, checked; the memory store reads the same list."""
+    return [
+        token_text(run.token),
+        run.node_id,
+        Outcome(run.outcome).value,
+        str(to_unix_us(run.scheduled_at)),
+        str(to_unix_us(run.completed_at)),
+        shorten_error(run.error),
+        retention_ms(run.retention_s),
+    ]
+
+
+def job_names(members: list[tuple[MemberRecord, datetime]], controls: dict[str, str]) -> set[str]:
+    """The jobs the cluster read reports: those a live member registered, and those a control
+    names (the part of its field after the colon)."""
+    names = {job for record, _ in members for job in record.jobs}
+    names.update(key.partition(":")[2] for key in controls)
+    names.discard("")
+    return names
+
+
+def last_us(raw: str | None) -> int | None:
+    """A job's last claimed instant (µs) from its ``last`` key, None when it has none."""
+    if not raw:
+        return None
+    head = raw.partition(":")[0]
+    return int(head) if head.isdigit() else None

@@ -1,0 +1,131 @@
+"""Checkpoints on Redis: the fenced ``RECORD_RUN`` (coalesced, ``_store.redis.batch``) and
+``SAVE_STATE`` scripts with their ``KEYS``, and the operators' read and reset. The arguments
+are encoded in ``_store.records``, the record itself in ``_checkpoint``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+from redis.exceptions import ReadOnlyError, ResponseError
+
+from ..._checkpoint import (
+    DEFAULT_CHECKPOINT_TIMEOUT_S,
+    Checkpoint,
+    FinishedRun,
+    StateSave,
+    checked,
+    not_a_record,
+    written,
+)
+from ..._clock import Clock
+from .. import keys as _keys
+from ..records import RUN_FIELDS, retention_ms, run_args, token_text
+from . import scripts as _scripts
+from .batch import Batcher
+from .topology import Topology
+
+__all__ = ["RedisCheckpoints"]
+
+
+class RedisCheckpoints:
+    """The checkpoint methods of the Redis store: one call each, on the topology's calls
+    client (never the election's), bounded by ``timeout_s``."""
+
+    def __init__(self, topology: Topology, project: str, *, clock: Clock) -> None:
+        self._topology = topology
+        self._project = project
+        client = topology.calls
+        self._record_run = client.register_script(_scripts.RECORD_RUN)
+        self._save_state = client.register_script(_scripts.SAVE_STATE)
+        self._batcher: Batcher[tuple[str, list[str]], Any] = Batcher(self._record_runs, clock=clock)
+
+    async def record_run(
+        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """See ``Store.record_run``: one ``EVALSHA`` of ``RECORD_RUN``, with the runs
+        of other jobs that ended while this node's previous write was in flight."""
+        reply = await self._batcher.submit((run.job, run_args(run)), timeout_s)
+        if not isinstance(reply, list):  # -1: the term is over
+            return None
+        fields = zip(RUN_FIELDS, reply, strict=True)
+        return written(run.job, {key: value for key, value in fields if value is not None})
+
+    async def _record_runs(
+        self, runs: Sequence[tuple[str, list[str]]], timeout_s: float
+    ) -> list[Any]:
+        """One ``RECORD_RUN`` call for ``runs`` (job, ARGV): one reply each."""
+        jobs = [job for job, _ in runs]
+        what = (
+            f"record a run of job {jobs[0]!r} (whether it did is unknown)"
+            if len(jobs) == 1
+            else f"record the runs of {len(jobs)} jobs {jobs[:3]!r}"
+            f"{'...' if len(jobs) > 3 else ''} (whether they were is unknown)"
+        )
+        keys = [key for job in jobs for key in self._keys(job)]
+        args = [arg for _, job_args in runs for arg in job_args]
+        replies: list[Any] = await self._call(
+            what, self._record_run(keys=keys, args=args), timeout_s
+        )
+        return replies
+
+    async def save_state(
+        self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """See ``Store.save_state``: one ``EVALSHA`` of ``SAVE_STATE``."""
+        token, retention = token_text(save.token), retention_ms(save.retention_s)
+        args = [token, save.node_id, save.state_json, retention]
+        reply = await self._call(
+            f"save the state of job {save.job!r} (whether it did is unknown)",
+            self._save_state(keys=self._keys(save.job), args=args),
+            timeout_s,
+        )
+        return int(reply) == 1
+
+    async def read_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Checkpoint | None:
+        """See ``Store.read_checkpoint``: one ``HGETALL``."""
+        key = _keys.job_key(self._project, job, "checkpoint")
+        try:
+            raw: dict[bytes, bytes] = await self._call(
+                f"read the checkpoint of job {job!r}", self._topology.calls.hgetall(key), timeout_s
+            )
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            not_a_record(job, "a key of another type than hash")
+            return None
+        return checked(job, {key.decode(errors="replace"): value for key, value in raw.items()})
+
+    async def reset_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> bool:
+        """See ``Store.reset_checkpoint``: one ``DEL``."""
+        key = _keys.job_key(self._project, job, "checkpoint")
+        deleted = await self._call(
+            f"reset the checkpoint of job {job!r}", self._topology.calls.delete(key), timeout_s
+        )
+        return int(deleted) > 0
+
+    async def aclose(self) -> None:
+        """Fail the writes not answered yet (``ConnectionError``)."""
+        await self._batcher.aclose()
+
+    def _keys(self, job: str) -> list[str]:
+        """``KEYS`` of the fenced scripts for ``job``: its lock, its checkpoint."""
+        return [_keys.job_key(self._project, job, kind) for kind in ("lock", "checkpoint")]
+
+    async def _call(self, what: str, call: Awaitable[Any], timeout_s: float) -> Any:
+        """Await ``call``; ``ConnectionError`` past ``timeout_s``, ``StoreReadOnly`` from a
+        replica (see ``Topology.read_only``)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await call
+        except TimeoutError as exc:
+            raise ConnectionError(
+                f"Redis at {self._topology.shown} did not {what} within {timeout_s:g}s"
+            ) from exc
+        except ReadOnlyError as exc:
+            raise await self._topology.read_only("a read-only replica") from exc
