@@ -10,14 +10,13 @@ not answer, and every call is bounded by the time left. Losing leadership is a n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import secrets
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from .._aio import Alarm, within
+from .._aio import Alarm, Supervisor, within
 from .._checkpoint import to_unix_us
 from .._clock import Clock
 from .._lock_value import OWNER_SEPARATOR
@@ -50,8 +49,12 @@ class Elector:
         telemetry: Telemetry | None = None,
         placement: Literal["spread", "first"] = "first",
         settle_s: float | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self._store = store
+        self._supervisor = supervisor or Supervisor()
+        """Starts the loop's helpers (the release listener, the deadline watchdog): one that
+        dies is recorded there, not lost."""
         self.node_id = node_id
         # The identity written into locks: the node id plus a per-instance nonce, so that two
         # processes configured with the same node id can never both believe they hold a lock.
@@ -132,7 +135,7 @@ class Elector:
         """A run of ``job`` may wait on its term's ``leadership_lost``: while one is in flight,
         the watchdog checks the deadline every ``WATCH_STEP_S``, so that a suspend cannot
         delay the signal. Runs that never ask for it cost the watchdog no wake-up."""
-        if not self.terms.watching and self.leases[job].running:
+        if not self.terms.watchdog_polls and self.leases[job].running:
             self._deadlines_moved.ring()
 
     def run_ended(self, job: str) -> None:
@@ -160,9 +163,12 @@ class Elector:
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        """Run election rounds until cancelled; set ``ready`` once the loop is going."""
+        """Run election rounds until cancelled; set ``ready`` once the loop is going. Its two
+        helpers, the release listener and the deadline watchdog, run as tasks of the
+        supervisor for as long as the loop does."""
+        start = self._supervisor.start
         helpers = [
-            asyncio.create_task(
+            start(
                 listen_for_releases(
                     self._store,
                     self.wake,
@@ -177,9 +183,7 @@ class Elector:
                 ),
                 name=f"singletonjob {self.node_id} release listener",
             ),
-            asyncio.create_task(
-                self._watch_deadlines(), name=f"singletonjob {self.node_id} lease deadlines"
-            ),
+            start(self._watchdog(), name=f"singletonjob {self.node_id} deadline watchdog"),
         ]
         try:
             if ready is not None:
@@ -188,19 +192,15 @@ class Elector:
                 delay = await self.round()
                 await self._wake.wait(delay)  # or at a notice; terms end at their deadlines
         finally:
-            for helper in helpers:
-                helper.cancel()
-            for helper in helpers:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await helper
+            await self._supervisor.cancel(helpers)
 
-    async def _watch_deadlines(self) -> None:
+    async def _watchdog(self) -> None:
         # Ends each term at its deadline even while a round is waiting on a slow store, so
         # that runs with on_leadership_lost="cancel" stop on time, whatever the round does.
         # Woken whenever a deadline moves: a term that starts from a slow reply has a deadline
         # sooner than the sleep computed before it.
         while True:
-            await self._deadlines_moved.wait(self.terms.watch_step_s(self._heartbeat_s))
+            await self._deadlines_moved.wait(self.terms.watchdog_sleep_s(self._heartbeat_s))
 
     async def round(self) -> float:
         """One acquire-or-renew round for all leases; returns the delay until the next."""

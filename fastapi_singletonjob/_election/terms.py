@@ -46,8 +46,7 @@ class Terms:
         self._clock = clock
         self._telemetry = telemetry
         self._warned_twin = False
-        self.watching = False
-        """Whether a run in flight may wait on ``leadership_lost`` (see ``watch_step_s``)."""
+        self._watchdog_polls = False
         self.acquiring = True
         """False once the node has begun shutting down: it keeps the terms it has (their runs
         are in flight) and starts none."""
@@ -58,6 +57,12 @@ class Terms:
         extra run now (the timer listens)."""
 
     # -- reads ----------------------------------------------------------------------------
+
+    @property
+    def watchdog_polls(self) -> bool:
+        """Whether a run in flight may wait on ``leadership_lost``, so that the deadline
+        watchdog checks every ``WATCH_STEP_S`` (see ``watchdog_sleep_s``)."""
+        return self._watchdog_polls
 
     def view(self, job: str) -> LeaseView:
         """The read-only view of ``job``'s lease."""
@@ -262,15 +267,15 @@ class Terms:
         if self.on_term_started is not None:
             self.on_term_started(lease.job)
 
-    def watch_step_s(self, idle_s: float) -> float:
+    def watchdog_sleep_s(self, idle_s: float) -> float:
         """End the terms whose deadline has passed; return how long the deadline watchdog may
         sleep: until the next deadline, and at most ``WATCH_STEP_S`` while a run in flight may
-        wait on its term's ``leadership_lost`` (``watching``), else at most ``idle_s``."""
+        wait on its term's ``leadership_lost`` (``watchdog_polls``), else at most ``idle_s``."""
         self.expire()
         now = self._clock.monotonic()
         held = [x for x in self.leases.values() if x.token is not None]
-        self.watching = any(x.running and x.lost_event is not None for x in held)
-        step = WATCH_STEP_S if self.watching else idle_s
+        self._watchdog_polls = any(x.running and x.lost_event is not None for x in held)
+        step = WATCH_STEP_S if self._watchdog_polls else idle_s
         return max(min([step, *(x.deadline - now for x in held)]), 0.0)
 
     def expire(self) -> None:

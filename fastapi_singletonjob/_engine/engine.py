@@ -31,7 +31,7 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from .._aio import abort_all, cancel_and_wait, wait_all, within
+from .._aio import Supervisor, abort_all, cancel_and_wait, wait_all, within
 from .._checkpoint import DEFAULT_MAX_STATE_BYTES
 from .._clock import Clock
 from .._config.settings import Settings
@@ -74,6 +74,9 @@ class Engine:
         self.clock = clock
         enabled = [spec for spec in specs if spec.enabled]
         self.telemetry = telemetry or Telemetry(settings.node_id)
+        self.supervisor = Supervisor()
+        """Starts every long-lived background task of the engine and records those that
+        died (``EngineSnapshot.failed_tasks``)."""
         self.elector = Elector(
             store=store,
             node_id=settings.node_id,
@@ -90,6 +93,7 @@ class Engine:
             clock=clock,
             telemetry=self.telemetry,
             placement=settings.placement,
+            supervisor=self.supervisor,
         )
         sync_jobs = sum(1 for spec in enabled if not spec.is_async)
         # One thread per sync job: a job never has two runs at once, so none ever queues.
@@ -167,6 +171,7 @@ class Engine:
         started so far is torn down and the store closed."""
         stack = self._stack
         stack.push_async_callback(self.store.aclose)
+        stack.push_async_callback(self.supervisor.aclose)
         if self._executor is not None:
             stack.callback(self._executor.shutdown, wait=False)
         try:
@@ -179,16 +184,16 @@ class Engine:
             stack.callback(self.telemetry.unregister)
             ready = asyncio.Event()
             self.started_at = self.clock.monotonic()
-            election = self._election = asyncio.create_task(
+            election = self._election = self.supervisor.start(
                 elector.run(ready), name=f"singletonjob {self.settings.node_id} election"
             )
-            stack.push_async_callback(cancel_and_wait, election)
             waiter = asyncio.ensure_future(ready.wait())
             await asyncio.wait({waiter, election}, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
+            await asyncio.wait({waiter})
             if election.done():
                 election.result()  # re-raise a crash of the loop at startup
-            self._timer = asyncio.create_task(
+            self._timer = self.supervisor.start(
                 self.ticker.run(), name=f"singletonjob {self.settings.node_id} timer"
             )
         except BaseException:
@@ -205,7 +210,9 @@ class Engine:
                 await asyncio.wait({runner.current})
             await self.elector.resign([runner.spec.name])
 
-        task = asyncio.create_task(retire(), name=f"singletonjob retire {runner.spec.name!r}")
+        task = self.supervisor.start(
+            retire(), name=f"singletonjob retire {runner.spec.name!r}", forever=False
+        )
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
@@ -213,6 +220,7 @@ class Engine:
         """Cancel whatever still runs, bounded in time, and close the store: the last resort
         when ``start`` or ``stop`` failed or was cancelled, so that nothing keeps renewing
         leases or starting runs behind the application's back."""
+        self.supervisor.stop()
         self.ticker.stop_waiting()
         runs = [runner.current for runner in self.runners.values()]
         await abort_all([self._timer, *runs, *self._retiring, self._election], CANCEL_GRACE_S)
@@ -229,6 +237,7 @@ class Engine:
         """Shut down in the order described in the module docstring; never raises for a
         job's misbehaviour."""
         self.state = EngineState.DRAINING
+        self.supervisor.stop()  # the tasks of the engine end from now on: no death
         self.elector.terms.acquiring = False  # from now on no new term, and no new run
         for runner in self.runners.values():
             runner.closed = True

@@ -116,4 +116,5 @@ def take(engine: Engine) -> EngineSnapshot:
             last_error=elector.last_error,
         ),
         jobs=jobs,
+        failed_tasks=engine.supervisor.failed,
     )

@@ -787,7 +787,7 @@ async def start_instance(instance: Instance) -> None:
     instance.tasks = [t for t in (engine.election_task, engine.timer_task) if t is not None]
 
 
-HELPERS = ("release listener", "lease deadlines")
+HELPERS = ("release listener", "deadline watchdog")
 """The election loop's helper tasks, by the end of their names."""
 
 
