@@ -488,7 +488,6 @@ async def test_a_failing_schedule_is_logged_and_resigned(
     with caplog.at_level(logging.ERROR, logger="fastapi_singletonjob"):
         await jobs.start()
         await clock.advance(2.0)
-    runner = engine(jobs).runners["broken"]
-    assert isinstance(runner.crashed, ArithmeticError)
+    assert isinstance(engine(jobs).ticker.failure("broken"), ArithmeticError)
     assert any("schedule of job 'broken' failed" in r.getMessage() for r in caplog.records)
     assert not engine(jobs).elector.is_leader("broken")
