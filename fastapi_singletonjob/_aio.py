@@ -169,10 +169,12 @@ async def wait_all(
 
 
 async def within(call: Awaitable[T], timeout_s: float) -> T:
-    """Await ``call`` for at most ``timeout_s`` seconds (``TimeoutError`` after that), like
-    ``asyncio.wait_for``, but a cancel of the caller is never swallowed: on Python < 3.12,
-    ``wait_for`` can return the result of a call that completes just as the caller is
-    cancelled, and a task being shut down would go on."""
+    """Await ``call`` for at most ``timeout_s`` seconds (``TimeoutError`` after that): the
+    one way the engine bounds a call. A cancel of the caller is never swallowed (on Python <
+    3.12, ``asyncio.wait_for`` can return the result of a call that completes just as the
+    caller is cancelled, and a task being shut down would go on); and as the call runs as a
+    task of its own, a cancelled caller waits at most ``UNWIND_S`` for it to unwind, where
+    ``asyncio.timeout`` would wait for as long as the call takes to."""
     task = asyncio.ensure_future(call)
     try:
         await asyncio.wait({task}, timeout=timeout_s)

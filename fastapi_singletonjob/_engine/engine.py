@@ -216,7 +216,6 @@ class Engine:
         started so far is torn down and the store closed."""
         stack = self._stack
         stack.push_async_callback(self.store.aclose)
-        stack.push_async_callback(self.supervisor.aclose)
         if self._executor is not None:
             stack.callback(self._executor.shutdown, wait=False)
         try:
@@ -229,6 +228,7 @@ class Engine:
             stack.callback(self.telemetry.unregister)
             ready = asyncio.Event()
             self.started_at = self.clock.monotonic()
+            stack.push_async_callback(self.supervisor.aclose)  # first of all that closes
             election = self._election = self.supervisor.start(
                 elector.run(ready), name=f"singletonjob {self.settings.node_id} election"
             )
