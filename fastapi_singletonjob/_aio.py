@@ -1,11 +1,13 @@
-"""Small asyncio helpers that the engine needs in several places, written once."""
+"""Small asyncio helpers that the engine needs in several places, written once, and the
+``Supervisor`` that starts and watches its background tasks."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
@@ -14,6 +16,7 @@ from ._clock import Clock, SystemClock
 __all__ = [
     "Alarm",
     "Pacer",
+    "Supervisor",
     "abort_all",
     "call_in_thread",
     "cancel_and_wait",
@@ -166,10 +169,12 @@ async def wait_all(
 
 
 async def within(call: Awaitable[T], timeout_s: float) -> T:
-    """Await ``call`` for at most ``timeout_s`` seconds (``TimeoutError`` after that), like
-    ``asyncio.wait_for``, but a cancel of the caller is never swallowed: on Python < 3.12,
-    ``wait_for`` can return the result of a call that completes just as the caller is
-    cancelled, and a task being shut down would go on."""
+    """Await ``call`` for at most ``timeout_s`` seconds (``TimeoutError`` after that): the
+    one way the engine bounds a call. A cancel of the caller is never swallowed (on Python <
+    3.12, ``asyncio.wait_for`` can return the result of a call that completes just as the
+    caller is cancelled, and a task being shut down would go on); and as the call runs as a
+    task of its own, a cancelled caller waits at most ``UNWIND_S`` for it to unwind, where
+    ``asyncio.timeout`` would wait for as long as the call takes to."""
     task = asyncio.ensure_future(call)
     try:
         await asyncio.wait({task}, timeout=timeout_s)
@@ -194,8 +199,9 @@ def _discard(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def cancel_and_wait(task: asyncio.Task[None]) -> None:
-    """Cancel ``task`` and wait until it has ended; log it if it had failed.
+async def cancel_and_wait(task: asyncio.Future[None]) -> None:
+    """Cancel ``task`` and wait until it has ended (what it ended with is its supervisor's
+    business: see ``Supervisor``).
 
     The cancel is repeated: on Python < 3.12, ``asyncio.wait_for`` can swallow a cancel that
     lands just as the awaited call completes, and the task would go on. Waiting with
@@ -204,8 +210,85 @@ async def cancel_and_wait(task: asyncio.Task[None]) -> None:
     while not task.done():
         task.cancel()
         await asyncio.wait({task}, timeout=0.1)
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("task %s had failed", task.get_name(), exc_info=task.exception())
+    _discard(task)
+
+
+class Supervisor:
+    """Starts the long-lived background tasks of one engine (the election loop and its
+    helpers, the timer, retirements), each named, and keeps the record of those that died.
+
+    A task that ends with an exception, at any time, died. A task started ``forever`` (it
+    runs until stopped) also died when it ends in any other way, cancelled or returning,
+    before ``stop`` and unless ended through ``cancel``. Each death is logged at ERROR once,
+    with the task's name, and recorded in ``failed`` (task name: ``repr`` of the error),
+    which liveness reports: only a restart brings such a task back.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ending: set[asyncio.Task[None]] = set()
+        """Tasks ended on purpose (``cancel``): their cancel is no death."""
+        self._failed: dict[str, str] = {}
+        self._stopping = False
+
+    @property
+    def failed(self) -> Mapping[str, str]:
+        """The tasks that died, by name: ``repr`` of what they ended with."""
+        return dict(self._failed)
+
+    @property
+    def tasks(self) -> frozenset[asyncio.Task[None]]:
+        """The tasks started here that are still running."""
+        return frozenset(self._tasks)
+
+    def start(
+        self, coro: Coroutine[Any, Any, None], *, name: str, forever: bool = True
+    ) -> asyncio.Task[None]:
+        """Start ``coro`` as the task ``name``; ``forever``: it must run until stopped."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._ended, forever=forever))
+        return task
+
+    def stop(self) -> None:
+        """The engine is stopping: from now on a task that is cancelled or returns did not
+        die (one that raises did)."""
+        self._stopping = True
+
+    async def cancel(self, tasks: Iterable[asyncio.Task[None]]) -> None:
+        """End ``tasks`` on purpose: cancel them all, then wait for each to end."""
+        pending = [task for task in tasks if not task.done()]
+        self._ending.update(pending)
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            await cancel_and_wait(task)
+
+    async def aclose(self) -> None:
+        """Stop, and cancel and wait for every task still running (the engine's teardown)."""
+        self.stop()
+        await self.cancel(self._tasks)
+
+    def _ended(self, task: asyncio.Task[None], *, forever: bool) -> None:
+        self._tasks.discard(task)
+        on_purpose = self._stopping or task in self._ending
+        self._ending.discard(task)
+        if task.cancelled():
+            if not forever or on_purpose:
+                return
+            error: BaseException = asyncio.CancelledError()
+            logger.error("task %s was cancelled, though it must run until stopped", task.get_name())
+        else:
+            exc = task.exception()
+            if exc is None:
+                if not forever or on_purpose:
+                    return
+                error = RuntimeError("returned, though it must run until stopped")
+                logger.error("task %s returned, though it must run until stopped", task.get_name())
+            else:
+                error = exc
+                logger.error("task %s had failed", task.get_name(), exc_info=exc)
+        self._failed[task.get_name()] = repr(error)
 
 
 async def abort_all(tasks: Sequence[asyncio.Future[None] | None], grace_s: float) -> None:

@@ -25,5 +25,3 @@ def kill(jobs: SingletonJobs) -> None:
     assert engine.timer_task is not None
     engine.election_task.cancel()
     engine.timer_task.cancel()
-    for runner in engine.runners.values():
-        runner.stats.next_run = None

@@ -380,7 +380,7 @@ async def test_a_node_that_stopped_acquiring_keeps_its_terms_and_starts_none(
     await node.elector.round()
     assert node.leads("held")
     node.elector.leases["free"].wanted = node.elector.leases["late"].wanted = True
-    node.elector.terms.acquiring = False
+    node.elector.stop_acquiring()
     sent = clock.monotonic()
     node.elector.terms.apply([LeaseReply("late", True, "7|a#nonce", TTL)], sent, None)
     assert not node.leads("late") and not node.elector.leases["late"].wanted

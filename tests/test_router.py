@@ -437,11 +437,14 @@ async def test_a_custom_schedule_that_raises_is_reported_but_not_a_liveness_fail
     assert readiness["status"] == "ok", "readiness is about the election, not one job"
 
 
-async def test_liveness_fails_when_a_builtin_schedule_loop_died() -> None:
+async def test_liveness_fails_when_a_builtin_schedule_loop_died(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     jobs = make_jobs("memory://router-died", "died", "node-a")
     async with serve(make_app(jobs)) as client:
         assert jobs.engine is not None
-        jobs.engine.runners["boom"].crashed = RuntimeError("library bug")
+        failure = {"boom": RuntimeError("library bug")}.get
+        monkeypatch.setattr(jobs.engine.ticker, "failure", failure)
         live = await get_json(client, f"{PREFIX}/health/live", 503)
     assert live["reason"] == "the schedule of job 'boom' failed: RuntimeError('library bug')"
 

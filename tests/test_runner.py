@@ -488,7 +488,37 @@ async def test_a_failing_schedule_is_logged_and_resigned(
     with caplog.at_level(logging.ERROR, logger="fastapi_singletonjob"):
         await jobs.start()
         await clock.advance(2.0)
-    runner = engine(jobs).runners["broken"]
-    assert isinstance(runner.crashed, ArithmeticError)
+    assert isinstance(engine(jobs).ticker.failure("broken"), ArithmeticError)
     assert any("schedule of job 'broken' failed" in r.getMessage() for r in caplog.records)
     assert not engine(jobs).elector.is_leader("broken")
+
+
+async def test_a_cancel_that_lands_while_a_timed_out_run_unwinds_is_not_swallowed(
+    make: Factory, clock: FakeClock
+) -> None:
+    """The timeout cancelled the run; a cancel of the runner's task (shutdown) that lands
+    while the run unwinds is that task's own, and propagates: it is not the run's timeout."""
+    jobs = make()
+    unwinding, release = asyncio.Event(), asyncio.Event()
+
+    @jobs.interval("slow", every=60.0, timeout=1.0)
+    async def slow() -> None:
+        try:
+            await clock.sleep(10.0)
+        except asyncio.CancelledError:
+            unwinding.set()
+            await release.wait()  # a slow cleanup
+            raise
+
+    await jobs.start()
+    await clock.advance(1.5)
+    assert unwinding.is_set()
+    task = engine(jobs).runners["slow"].current
+    assert task is not None
+    task.cancel()
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.wait({task})
+    assert task.cancelled()
+    last = engine(jobs).runners["slow"].stats.last_run
+    assert last is not None and last.outcome is Outcome.CANCELLED

@@ -31,21 +31,21 @@ async def test_runs_that_never_ask_for_leadership_lost_do_not_wake_the_watchdog(
     await jobs.start()
     await clock.advance(2.0)
     terms = engine(jobs).elector.terms
-    watch_step_s = terms.watch_step_s
+    watchdog_sleep_s = terms.watchdog_sleep_s
     steps: list[float] = []
 
     def counted(idle_s: float) -> float:
         steps.append(idle_s)
-        return watch_step_s(idle_s)
+        return watchdog_sleep_s(idle_s)
 
-    monkeypatch.setattr(terms, "watch_step_s", counted)
+    monkeypatch.setattr(terms, "watchdog_sleep_s", counted)
     before = len(runs)
     await clock.advance(5.0)
     assert len(runs) - before >= 18
     # One step per election round (each moves the deadlines), not one or more per run (the
     # old watchdog woke at every run's start, then every 100 ms while it ran).
     assert len(steps) <= 7, f"{len(steps)} watchdog steps for {len(runs) - before} runs"
-    assert not terms.watching
+    assert not terms.watchdog_polls
 
 
 async def test_leadership_lost_asked_during_a_run_is_set_right_after_a_suspend(

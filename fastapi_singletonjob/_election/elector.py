@@ -10,28 +10,43 @@ not answer, and every call is bounded by the time left. Losing leadership is a n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import secrets
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
-from .._aio import Alarm, within
+from .._aio import Alarm, Supervisor, within
 from .._checkpoint import to_unix_us
 from .._clock import Clock
 from .._lock_value import OWNER_SEPARATOR
 from .._store.base import ClaimResult, LeaseReply, LeaseRequest, ReleaseListener, Store
 from .._telemetry import Telemetry
 from .._timing import call_timeout_s, next_attempt_delay
-from .interest import Watch, soonest_end_s
-from .lease import Lease
+from .interest import Interest, soonest_end_s
+from .lease import Lease, LeaseView
 from .placement import Spreader
-from .terms import Terms
+from .terms import TermListener, Terms
 
-__all__ = ["Elector"]
+__all__ = ["ElectionStatus", "Elector"]
 
 logger = logging.getLogger("fastapi_singletonjob.election")
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionStatus:
+    """The election's view of the store at one instant (monotonic times)."""
+
+    failures: int
+    """Failed rounds in a row (0: the last round reached the store)."""
+    last_error: str | None
+    last_success_at: float | None
+    """When the last successful round was sent."""
+    last_round_at: float | None
+    """When the loop last finished a round, successful or not."""
+    round_trip_s: float | None
 
 
 class Elector:
@@ -50,15 +65,25 @@ class Elector:
         telemetry: Telemetry | None = None,
         placement: Literal["spread", "first"] = "first",
         settle_s: float | None = None,
+        supervisor: Supervisor | None = None,
+        listener: TermListener | None = None,
     ) -> None:
         self._store = store
+        self._supervisor = supervisor or Supervisor()
+        """Starts the loop's helpers (the release listener, the deadline watchdog): one that
+        dies is recorded there, not lost."""
         self.node_id = node_id
         # The identity written into locks: the node id plus a per-instance nonce, so that two
         # processes configured with the same node id can never both believe they hold a lock.
         self.owner = f"{node_id}{OWNER_SEPARATOR}{secrets.token_hex(4)}"
         self._telemetry = telemetry or Telemetry(node_id)
         self.terms = Terms(
-            leases, node_id=node_id, owner=self.owner, clock=clock, telemetry=self._telemetry
+            leases,
+            node_id=node_id,
+            owner=self.owner,
+            clock=clock,
+            telemetry=self._telemetry,
+            listener=listener,
         )
         self.leases = self.terms.leases
         self._heartbeat_s = heartbeat_s
@@ -81,7 +106,7 @@ class Elector:
         self.last_round_at: float | None = None
         """Monotonic time the loop last finished a round (alive or not, it came back)."""
         self.round_trip_s: float | None = None
-        self._members = Spreader(
+        self._spreader = Spreader(
             node_id,
             membership=lambda: store.membership,
             settle_s=self._longest_ttl_s if settle_s is None else settle_s,
@@ -90,10 +115,11 @@ class Elector:
         )
         """The placement order of each job: who leads it with ``placement="spread"``, and
         with either placement who watches it while another node holds it."""
-        self._spread = self._members if placement == "spread" else None
-        self._watch = Watch(
+        self._placing = self._spreader if placement == "spread" else None
+        """The spreader when it also decides who leads (``placement="spread"``), else None."""
+        self._interest = Interest(
             list(self.leases),
-            spreader=self._members,
+            spreader=self._spreader,
             heartbeat_s=heartbeat_s,
             shortest_ttl_s=self._shortest_ttl_s,
             clock=clock,
@@ -104,6 +130,29 @@ class Elector:
     def is_leader(self, job: str, token: int | None = None) -> bool:
         """True while this node's lease of ``job`` (of term ``token``, if given) is valid."""
         return self.terms.is_leader(job, token)
+
+    def view(self, job: str) -> LeaseView:
+        """The read-only view of ``job``'s lease."""
+        return self.terms.view(job)
+
+    def time_left(self, job: str) -> float:
+        """Seconds left on this node's lease of ``job`` (0 when it does not lead)."""
+        return self.terms.time_left(job)
+
+    def holder_time_left(self, job: str) -> float | None:
+        """Seconds the current holder's lock of ``job`` has left, as last observed
+        (``Terms.holder_time_left``)."""
+        return self.terms.holder_time_left(job)
+
+    def status(self) -> ElectionStatus:
+        """The election's view of the store now."""
+        return ElectionStatus(
+            failures=self.failures,
+            last_error=self.last_error,
+            last_success_at=self.last_success_at,
+            last_round_at=self.last_round_at,
+            round_trip_s=self.round_trip_s,
+        )
 
     async def claim(self, job: str, token: int, instant_us: int) -> ClaimResult | None:
         """Claim ``job``'s instant for this node's term ``token`` (see ``Store.claim``);
@@ -132,14 +181,18 @@ class Elector:
         """A run of ``job`` may wait on its term's ``leadership_lost``: while one is in flight,
         the watchdog checks the deadline every ``WATCH_STEP_S``, so that a suspend cannot
         delay the signal. Runs that never ask for it cost the watchdog no wake-up."""
-        if not self.terms.watching and self.leases[job].running:
+        if not self.terms.watchdog_polls and self.leases[job].running:
             self._deadlines_moved.ring()
+
+    def instant_started(self, job: str, instant: datetime) -> None:
+        """A run of ``job`` for ``instant`` started (``Terms.instant_started``)."""
+        self.terms.instant_started(job, instant)
 
     def run_ended(self, job: str) -> None:
         """A run of ``job`` ended: a handover that waited for it (a step-down, a placement
         move) goes now, in a round at once, not at the next round that falls between runs."""
         self.terms.run_ended(job)
-        spread = self._spread
+        spread = self._placing
         if self.leases[job].stepping_down or (spread is not None and spread.waits_for(job)):
             self._wake.ring()
 
@@ -152,17 +205,20 @@ class Elector:
         notice named no job), and the round asks about them, whatever their seen leases."""
         self._notice_at = self._clock.monotonic()
         if jobs is None:
-            self._watch.everything()
+            self._interest.everything()
         else:
-            self._watch.notice(jobs)
+            self._interest.notice(jobs)
         self._wake.ring()
 
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        """Run election rounds until cancelled; set ``ready`` once the loop is going."""
+        """Run election rounds until cancelled; set ``ready`` once the loop is going. Its two
+        helpers, the release listener and the deadline watchdog, run as tasks of the
+        supervisor for as long as the loop does."""
+        start = self._supervisor.start
         helpers = [
-            asyncio.create_task(
+            start(
                 listen_for_releases(
                     self._store,
                     self.wake,
@@ -177,9 +233,7 @@ class Elector:
                 ),
                 name=f"singletonjob {self.node_id} release listener",
             ),
-            asyncio.create_task(
-                self._watch_deadlines(), name=f"singletonjob {self.node_id} lease deadlines"
-            ),
+            start(self._watchdog(), name=f"singletonjob {self.node_id} deadline watchdog"),
         ]
         try:
             if ready is not None:
@@ -188,26 +242,22 @@ class Elector:
                 delay = await self.round()
                 await self._wake.wait(delay)  # or at a notice; terms end at their deadlines
         finally:
-            for helper in helpers:
-                helper.cancel()
-            for helper in helpers:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await helper
+            await self._supervisor.cancel(helpers)
 
-    async def _watch_deadlines(self) -> None:
+    async def _watchdog(self) -> None:
         # Ends each term at its deadline even while a round is waiting on a slow store, so
         # that runs with on_leadership_lost="cancel" stop on time, whatever the round does.
         # Woken whenever a deadline moves: a term that starts from a slow reply has a deadline
         # sooner than the sleep computed before it.
         while True:
-            await self._deadlines_moved.wait(self.terms.watch_step_s(self._heartbeat_s))
+            await self._deadlines_moved.wait(self.terms.watchdog_sleep_s(self._heartbeat_s))
 
     async def round(self) -> float:
         """One acquire-or-renew round for all leases; returns the delay until the next."""
         self.terms.expire()
         now = self._clock.monotonic()
-        self._members.refresh(self.leases)
-        self._watch.begin(self.failures)  # which jobs held elsewhere it asks about (_watch)
+        self._spreader.refresh(self.leases)
+        self._interest.begin(self.failures)  # which jobs held elsewhere it asks about
         resting = {job for job, lease in self.leases.items() if self._rests(lease, now)}
         requests = [
             LeaseRequest(
@@ -217,7 +267,8 @@ class Elector:
                 lease.retention_s,
                 lease.token is not None
                 or (
-                    lease.job not in resting and (self._spread is None or self._spread.take(lease))
+                    lease.job not in resting
+                    and (self._placing is None or self._placing.take(lease))
                 ),
             )
             for lease in self.leases.values()
@@ -246,17 +297,17 @@ class Elector:
         resigned = [x.job for x in self.leases.values() if not x.wanted and x.value is not None]
         if resigned:
             await self.release(resigned)
-        self._members.refresh(self.leases)
-        if self._spread is not None:
-            self._spread.observed(self.leases, holders)
+        self._spreader.refresh(self.leases)
+        if self._placing is not None:
+            self._placing.observed(self.leases, holders)
         await self._hand_over()
-        if self._spread is not None:
+        if self._placing is not None:
             looked_at = {
                 request.job: holders[request.job]
                 for request in requests
                 if not request.take and request.job not in resting
             }
-            if self.failures == 0 and self._spread.wants_round(self.leases, looked_at):
+            if self.failures == 0 and self._placing.wants_round(self.leases, looked_at):
                 return 0.0  # a free lock this round only looked at is this node's now
         self.terms.expire()
         # Rounds are spaced from send to send: on a link whose round trip is a large part of a
@@ -267,35 +318,30 @@ class Elector:
     def _rests(self, lease: Lease, now: float) -> bool:
         """Whether this node stays out of ``lease``'s election: for one lock expiry after it
         handed the job over, unless it was a placement move and this node is now preferred."""
-        spread = self._spread
+        spread = self._placing
         return lease.rest_until > now and not (spread is not None and spread.back_in(lease.job))
 
     def _competes(self, lease: Lease, now: float, resting: bool) -> bool:
         """Whether a follower asks about ``lease`` in this round: while it rests, only to
         look (never to take) until it sees who took the job over, so that placement counts
-        that node's jobs right; else as ``Watch.asks`` decides."""
+        that node's jobs right; else as ``Interest.asks`` decides."""
         if resting:
             return lease.holder is None
-        return self._watch.asks(lease, now)
+        return self._interest.asks(lease, now)
 
     async def _hand_over(self) -> None:
         """Release, between runs, the jobs an operator asked this node to step down from and,
         with ``placement="spread"``, those a less busy node is preferred for: the others take
         each over at the notice, and this node stays out of their election for one lock
         expiry, so that another node, not this one, takes it."""
-        jobs = []
-        for lease in self.leases.values():
-            if lease.stepping_down and not lease.running:
-                lease.stepping_down = False
-                if lease.token is not None:
-                    jobs.append(lease.job)
-        if self._spread is not None:
-            for job in self._spread.to_hand_over(self.leases):
-                preferred = self._spread.placement.preferred(job)
+        jobs = self.terms.step_downs_due()
+        if self._placing is not None:
+            for job in self._placing.to_hand_over(self.leases):
+                preferred = self._placing.placement.preferred(job)
                 logger.info("node %s hands job %r over to node %s", self.node_id, job, preferred)
                 jobs.append(job)
         for job in jobs:
-            self.leases[job].rest_until = self._clock.monotonic() + self.leases[job].ttl_s
+            self.terms.rest(job)
         if jobs:
             await self.release(jobs)
 
@@ -332,7 +378,9 @@ class Elector:
             max_backoff_s=self._max_backoff_s,
             failures=self.failures,
             leading=leading,
-            holder_ttl_s=soonest_end_s(filter(self._watch.watches, self.leases.values()), now, rtt),
+            holder_ttl_s=soonest_end_s(
+                filter(self._interest.watches, self.leases.values()), now, rtt
+            ),
             jitter=self._rng(),
             sent_at=sent_at,
             phase=self._phase,
@@ -345,11 +393,16 @@ class Elector:
 
     # -- shutdown -------------------------------------------------------------------------
 
+    def stop_acquiring(self) -> None:
+        """Shutdown: from now on no new term, and so no new run; the terms held are kept
+        (their runs are in flight) until released."""
+        self.terms.stop_acquiring()
+
     async def resign(self, jobs: Sequence[str]) -> None:
         """Stop competing for ``jobs`` for good (their schedule ended or failed, or this node
         is shutting down) and hand their locks to the other nodes at once."""
         for job in jobs:
-            self.leases[job].wanted = False
+            self.terms.resign(job)
         await self.release(jobs)
 
     async def release(self, jobs: Sequence[str] | None = None, timeout_s: float = 2.0) -> int:
@@ -381,7 +434,6 @@ class Elector:
             )
             return 0
         for job in values:
-            self.leases[job].value = None
             self.terms.freed(job, sent_at)
         jobs_text = ", ".join(values)
         if released == len(values):

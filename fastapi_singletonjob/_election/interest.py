@@ -33,7 +33,7 @@ from .._clock import Clock
 from .lease import Lease
 from .placement import Spreader
 
-__all__ = ["Watch"]
+__all__ = ["Interest", "asks_about", "soonest_end_s"]
 
 
 def soonest_end_s(leases: Iterable[Lease], now: float, round_trip_s: float) -> float | None:
@@ -71,7 +71,7 @@ def asks_about(
     return observed_at + holder_ttl_s <= now + 1.1 * heartbeat_s
 
 
-class Watch:
+class Interest:
     """One node's choice, round by round, of the jobs held elsewhere that it asks about."""
 
     def __init__(

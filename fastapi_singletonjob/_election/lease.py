@@ -10,9 +10,6 @@ from typing import Protocol
 
 __all__ = ["Lease", "LeaseView"]
 
-_ENDED = asyncio.Event()
-_ENDED.set()  # waited on only while set, so never bound to an event loop
-
 
 class LeaseView(Protocol):
     """A lease as everything but the election sees it: read-only (``Terms`` writes it)."""
@@ -41,7 +38,8 @@ class LeaseView(Protocol):
 
 @dataclass(eq=False, slots=True)
 class Lease:
-    """This node's view of one job's lock; changed only by ``Terms`` (``_election/terms.py``)."""
+    """This node's view of one job's lock; changed only by ``Terms`` (``_election/terms.py``),
+    which the election asks for what it changes."""
 
     job: str
     ttl_s: float
@@ -83,7 +81,11 @@ class Lease:
     def lost_of(self, token: int) -> asyncio.Event:
         """The "leadership lost" signal of the term ``token``: this term's, or a set one when
         that term has ended (a later term has a signal of its own)."""
-        return self.lost if self.token == token else _ENDED
+        if self.token == token:
+            return self.lost
+        ended = asyncio.Event()  # asked for rarely: a run that outlived its term
+        ended.set()
+        return ended
 
     @property
     def lost(self) -> asyncio.Event:

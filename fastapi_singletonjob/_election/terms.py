@@ -4,14 +4,17 @@ The election (``_election/elector.py``) sends the rounds and hands each reply to
 term starts when a reply confirms a lock this node wrote and ends at its deadline, when
 another holder shows up, or on release. Everything else (the runner, the ticker, the status
 snapshot) reads a lease through ``LeaseView``, which has no setters, and reports runs back
-through ``run_started``/``instant_started``/``run_ended``.
+through ``run_started``/``instant_started``/``run_ended``; the election asks for everything
+else it changes (a release, a step-down, a rest, a resignation) through the methods here. A
+``TermListener`` given at construction hears of each term that starts and each trigger.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Protocol
 
 from .._clock import Clock
 from .._lock_value import node_of
@@ -20,12 +23,22 @@ from .._telemetry import Telemetry
 from .._timing import WATCH_STEP_S, leaderless_s, lease_deadline
 from .lease import Lease, LeaseView
 
-__all__ = ["Terms"]
+__all__ = ["TermListener", "Terms"]
 
 logger = logging.getLogger("fastapi_singletonjob.election")
 
 _Previous = tuple[float | None, float | None]
 """A lock's (observed_at, holder_ttl_s) before the reply being applied."""
+
+
+class TermListener(Protocol):
+    """Hears of terms as they start (the timer, ``_run/ticker.py``, is one)."""
+
+    def term_started(self, job: str) -> None:
+        """This node started a term of ``job``."""
+
+    def triggered(self, job: str) -> None:
+        """An operator asked this node, the leader of ``job``, for one extra run now."""
 
 
 class Terms:
@@ -39,6 +52,7 @@ class Terms:
         owner: str,
         clock: Clock,
         telemetry: Telemetry,
+        listener: TermListener | None = None,
     ) -> None:
         self.leases = {lease.job: lease for lease in leases}
         self._node_id = node_id
@@ -46,18 +60,27 @@ class Terms:
         self._clock = clock
         self._telemetry = telemetry
         self._warned_twin = False
-        self.watching = False
-        """Whether a run in flight may wait on ``leadership_lost`` (see ``watch_step_s``)."""
-        self.acquiring = True
-        """False once the node has begun shutting down: it keeps the terms it has (their runs
-        are in flight) and starts none."""
-        self.on_term_started: Callable[[str], None] | None = None
-        """Called with the job's name when this node starts a term (the timer listens)."""
-        self.on_trigger: Callable[[str], None] | None = None
-        """Called with the job's name when an operator asked its leader, this node, for one
-        extra run now (the timer listens)."""
+        self._watchdog_polls = False
+        self._acquiring = True
+        self._listener = listener
+
+    @property
+    def acquiring(self) -> bool:
+        """False once the node has begun shutting down (``stop_acquiring``): it keeps the
+        terms it has (their runs are in flight) and starts none."""
+        return self._acquiring
+
+    def stop_acquiring(self) -> None:
+        """Shutdown: start no new term from now on."""
+        self._acquiring = False
 
     # -- reads ----------------------------------------------------------------------------
+
+    @property
+    def watchdog_polls(self) -> bool:
+        """Whether a run in flight may wait on ``leadership_lost``, so that the deadline
+        watchdog checks every ``WATCH_STEP_S`` (see ``watchdog_sleep_s``)."""
+        return self._watchdog_polls
 
     def view(self, job: str) -> LeaseView:
         """The read-only view of ``job``'s lease."""
@@ -97,12 +120,37 @@ class Terms:
         left = lease.holder_ttl_s - (self._clock.monotonic() - lease.observed_at)
         return left if left > 0 else None
 
+    # -- what the election decides -------------------------------------------------------
+
     def freed(self, job: str, at: float) -> None:
         """This node released ``job``'s lock by a call sent at ``at``: the lock was free then,
-        and this node no longer counts as its holder (placement counts each node's jobs)."""
+        this node holds no value of it any more, and no longer counts as its holder
+        (placement counts each node's jobs)."""
         lease = self.leases[job]
+        lease.value = None
         lease.holder = lease.holder_token = lease.holder_ttl_s = None
         lease.observed_at = at
+
+    def resign(self, job: str) -> None:
+        """Stop competing for ``job`` for good (its lock is released next)."""
+        self.leases[job].wanted = False
+
+    def rest(self, job: str) -> None:
+        """Stay out of ``job``'s election for one lock expiry from now (it is being handed
+        over: another node, not this one, takes it)."""
+        lease = self.leases[job]
+        lease.rest_until = self._clock.monotonic() + lease.ttl_s
+
+    def step_downs_due(self) -> list[str]:
+        """The jobs an operator asked this node to step down from that have no run in
+        flight now, with a term to hand over; each request is then done with."""
+        jobs = []
+        for lease in self.leases.values():
+            if lease.stepping_down and not lease.running:
+                lease.stepping_down = False
+                if lease.token is not None:
+                    jobs.append(lease.job)
+        return jobs
 
     # -- what the runner reports ----------------------------------------------------------
 
@@ -200,7 +248,7 @@ class Terms:
                 self.end(lease, "the lock holds a value this library did not write")
             return
         lease.value = reply.value
-        if lease.token is None and not self.acquiring:
+        if lease.token is None and not self._acquiring:
             lease.wanted = False  # shutting down: never a new term; released after the round
         if not lease.wanted:
             return  # resigned while this round was in flight: released right after it
@@ -236,8 +284,8 @@ class Terms:
                 lease.job,
             )
             lease.stepping_down = True
-        if reply.triggered and self.on_trigger is not None:
-            self.on_trigger(lease.job)
+        if reply.triggered and self._listener is not None:
+            self._listener.triggered(lease.job)
 
     # -- term boundaries ------------------------------------------------------------------
 
@@ -259,18 +307,18 @@ class Terms:
         gap = leaderless_s(sent_at, *previous, lease_ttl_s=lease.ttl_s, notice_at=notice_at)
         if gap is not None:
             self._telemetry.leaderless_for(lease.job, gap)
-        if self.on_term_started is not None:
-            self.on_term_started(lease.job)
+        if self._listener is not None:
+            self._listener.term_started(lease.job)
 
-    def watch_step_s(self, idle_s: float) -> float:
+    def watchdog_sleep_s(self, idle_s: float) -> float:
         """End the terms whose deadline has passed; return how long the deadline watchdog may
         sleep: until the next deadline, and at most ``WATCH_STEP_S`` while a run in flight may
-        wait on its term's ``leadership_lost`` (``watching``), else at most ``idle_s``."""
+        wait on its term's ``leadership_lost`` (``watchdog_polls``), else at most ``idle_s``."""
         self.expire()
         now = self._clock.monotonic()
         held = [x for x in self.leases.values() if x.token is not None]
-        self.watching = any(x.running and x.lost_event is not None for x in held)
-        step = WATCH_STEP_S if self.watching else idle_s
+        self._watchdog_polls = any(x.running and x.lost_event is not None for x in held)
+        step = WATCH_STEP_S if self._watchdog_polls else idle_s
         return max(min([step, *(x.deadline - now for x in held)]), 0.0)
 
     def expire(self) -> None:

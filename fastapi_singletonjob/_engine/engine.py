@@ -20,7 +20,14 @@ than it must:
 7. close the store if the library opened it, and the worker threads.
 
 Everything started is registered on one ``AsyncExitStack``: ``stop`` and ``abort`` unwind the
-same stack, so there is one teardown path.
+same stack, so there is one teardown path. Every long-lived background task (the election
+loop and its helpers, the timer, retirements) is started by one ``Supervisor``, which records
+a task that died; the snapshot names those (``failed_tasks``).
+
+The parts are wired here, once, at construction: the election tells the timer of each term
+that starts (``Terms``'s ``TermListener``), each runner tells it of each run that ends
+(``on_end``), and the runners reach the election through ``_run.leadership.Leadership``.
+Data flows one way: each part owns its state, and ``snapshot`` asks each for its own.
 """
 
 from __future__ import annotations
@@ -28,10 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from .._aio import abort_all, cancel_and_wait, wait_all, within
+from .._aio import Supervisor, abort_all, cancel_and_wait, wait_all, within
 from .._checkpoint import DEFAULT_MAX_STATE_BYTES
 from .._clock import Clock
 from .._config.settings import Settings
@@ -44,7 +52,7 @@ from .._run.ticker import Ticker
 from .._store.base import Store
 from .._store.membership import VERSION, MemberRecord, Membership
 from .._telemetry import Telemetry
-from .snapshot import EngineSnapshot, EngineState, take
+from .snapshot import EngineSnapshot, EngineState, JobSnapshot, StoreSnapshot
 
 __all__ = ["Engine", "EngineState"]
 
@@ -67,6 +75,7 @@ class Engine:
         clock: Clock,
         app: object = None,
         telemetry: Telemetry | None = None,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -74,22 +83,33 @@ class Engine:
         self.clock = clock
         enabled = [spec for spec in specs if spec.enabled]
         self.telemetry = telemetry or Telemetry(settings.node_id)
+        self.supervisor = Supervisor()
+        """Starts every long-lived background task of the engine and records those that
+        died (``EngineSnapshot.failed_tasks``)."""
+        self.ticker = Ticker(clock=clock, retire=self._retire, precision_s=settings.precision_s)
+        leases = [
+            Lease(
+                spec.name,
+                spec.lock_expiry_s or settings.lock_expiry_s,
+                settings.checkpoint_retention_s if spec.checkpoint else None,
+            )
+            for spec in enabled
+        ]
+        self._longest_lease_s = max(
+            (lease.ttl_s for lease in leases), default=settings.lock_expiry_s
+        )
         self.elector = Elector(
             store=store,
             node_id=settings.node_id,
-            leases=[
-                Lease(
-                    spec.name,
-                    spec.lock_expiry_s or settings.lock_expiry_s,
-                    settings.checkpoint_retention_s if spec.checkpoint else None,
-                )
-                for spec in enabled
-            ],
+            leases=leases,
             heartbeat_s=settings.heartbeat_interval_s,
             max_backoff_s=settings.max_backoff_s,
             clock=clock,
+            rng=rng,
             telemetry=self.telemetry,
             placement=settings.placement,
+            supervisor=self.supervisor,
+            listener=self.ticker,
         )
         sync_jobs = sum(1 for spec in enabled if not spec.is_async)
         # One thread per sync job: a job never has two runs at once, so none ever queues.
@@ -101,7 +121,7 @@ class Engine:
         self.runners = {
             spec.name: JobRunner(
                 spec,
-                elector=self.elector,
+                leadership=self.elector,
                 clock=clock,
                 executor=self._executor,
                 app=app,
@@ -115,17 +135,13 @@ class Engine:
                 )
                 if spec.checkpoint
                 else None,
+                rng=rng,
+                on_end=self.ticker.run_ended,
             )
             for spec in enabled
         }
-        self.ticker = Ticker(
-            self.runners.values(),
-            clock=clock,
-            retire=self._retire,
-            precision_s=settings.precision_s,
-        )
-        self.elector.terms.on_term_started = self.ticker.leadership_gained
-        self.elector.terms.on_trigger = self.ticker.trigger
+        for runner in self.runners.values():
+            self.ticker.add(runner)
         store.announce(Membership(self._member_record(enabled)))
         self._election: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
@@ -141,15 +157,48 @@ class Engine:
             version=VERSION,
             started_at=self.clock.now(),
             jobs={spec.name: str(spec.schedule) for spec in enabled},
-            ttl_s=max(
-                (lease.ttl_s for lease in self.elector.leases.values()),
-                default=self.settings.lock_expiry_s,
-            ),
+            ttl_s=self._longest_lease_s,
         )
 
     def snapshot(self) -> EngineSnapshot:
-        """A consistent read-only picture of the engine, for the status API and probes."""
-        return take(self)
+        """A consistent read-only picture of the engine, for the status API and probes,
+        assembled from what each part says of itself."""
+        now = self.clock.monotonic()
+        election = self.elector.status()
+        last_ok = election.last_success_at
+        timer = self._timer
+        return EngineSnapshot(
+            state=self.state,
+            election_alive=self._election is not None and not self._election.done(),
+            timer_alive=timer is not None and not timer.done(),
+            last_round_s_ago=now - (election.last_round_at or self.started_at),
+            longest_lease_s=self._longest_lease_s,
+            store=StoreSnapshot(
+                last_success_s_ago=None if last_ok is None else now - last_ok,
+                round_trip_s=election.round_trip_s,
+                failures=election.failures,
+                last_error=election.last_error,
+            ),
+            jobs={name: self._job_snapshot(name, runner) for name, runner in self.runners.items()},
+            failed_tasks=self.supervisor.failed,
+        )
+
+    def _job_snapshot(self, name: str, runner: JobRunner) -> JobSnapshot:
+        elector = self.elector
+        lease = elector.view(name)
+        leads = elector.is_leader(name)
+        stats = runner.stats_copy()
+        stats.next_run = self.ticker.next_run(name)
+        return JobSnapshot(
+            leads=leads,
+            holder=self.settings.node_id if leads else lease.holder,
+            token=lease.token if leads else lease.holder_token,
+            time_left_s=elector.holder_time_left(name),
+            running=runner.current is not None,
+            stats=stats,
+            error=self.ticker.failure(name),
+            paused=lease.paused,
+        )
 
     @property
     def election_task(self) -> asyncio.Task[None] | None:
@@ -179,16 +228,17 @@ class Engine:
             stack.callback(self.telemetry.unregister)
             ready = asyncio.Event()
             self.started_at = self.clock.monotonic()
-            election = self._election = asyncio.create_task(
+            stack.push_async_callback(self.supervisor.aclose)  # first of all that closes
+            election = self._election = self.supervisor.start(
                 elector.run(ready), name=f"singletonjob {self.settings.node_id} election"
             )
-            stack.push_async_callback(cancel_and_wait, election)
             waiter = asyncio.ensure_future(ready.wait())
             await asyncio.wait({waiter, election}, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
+            await asyncio.wait({waiter})
             if election.done():
                 election.result()  # re-raise a crash of the loop at startup
-            self._timer = asyncio.create_task(
+            self._timer = self.supervisor.start(
                 self.ticker.run(), name=f"singletonjob {self.settings.node_id} timer"
             )
         except BaseException:
@@ -205,7 +255,9 @@ class Engine:
                 await asyncio.wait({runner.current})
             await self.elector.resign([runner.spec.name])
 
-        task = asyncio.create_task(retire(), name=f"singletonjob retire {runner.spec.name!r}")
+        task = self.supervisor.start(
+            retire(), name=f"singletonjob retire {runner.spec.name!r}", forever=False
+        )
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
@@ -213,6 +265,7 @@ class Engine:
         """Cancel whatever still runs, bounded in time, and close the store: the last resort
         when ``start`` or ``stop`` failed or was cancelled, so that nothing keeps renewing
         leases or starting runs behind the application's back."""
+        self.supervisor.stop()
         self.ticker.stop_waiting()
         runs = [runner.current for runner in self.runners.values()]
         await abort_all([self._timer, *runs, *self._retiring, self._election], CANCEL_GRACE_S)
@@ -229,9 +282,10 @@ class Engine:
         """Shut down in the order described in the module docstring; never raises for a
         job's misbehaviour."""
         self.state = EngineState.DRAINING
-        self.elector.terms.acquiring = False  # from now on no new term, and no new run
+        self.supervisor.stop()  # the tasks of the engine end from now on: no death
+        self.elector.stop_acquiring()  # from now on no new term, and no new run
         for runner in self.runners.values():
-            runner.closed = True
+            runner.close()
         self.ticker.stop_waiting()
         if self._timer is not None:
             await cancel_and_wait(self._timer)

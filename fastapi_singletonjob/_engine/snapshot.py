@@ -1,5 +1,6 @@
-"""A consistent, read-only picture of a running engine: the only place that reads its
-internals for the status API and the probes (``_web/status.py`` builds everything from it).
+"""A consistent, read-only picture of a running engine, as data only: ``Engine.snapshot``
+assembles it from the query methods of the engine's parts, and the status API and the probes
+(``_web/status.py``) build everything from it.
 
 Taken synchronously on the event loop, so it never mixes state from before and after a
 leadership change.
@@ -7,18 +8,13 @@ leadership change.
 
 from __future__ import annotations
 
-import copy
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .._outcomes import JobStats
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-__all__ = ["EngineSnapshot", "EngineState", "JobSnapshot", "StoreSnapshot", "take"]
+__all__ = ["EngineSnapshot", "EngineState", "JobSnapshot", "StoreSnapshot"]
 
 
 class EngineState(str, enum.Enum):
@@ -76,44 +72,3 @@ class EngineSnapshot:
     failed_tasks: Mapping[str, str] = field(default_factory=dict)
     """Background tasks of the library that died (by task name: what they raised), which
     only a restart brings back; liveness reports them."""
-
-
-def take(engine: Engine) -> EngineSnapshot:
-    """Snapshot ``engine`` now."""
-    elector = engine.elector
-    now = engine.clock.monotonic()
-    jobs = {}
-    for name, runner in engine.runners.items():
-        lease = elector.terms.view(name)
-        leads = elector.is_leader(name)
-        stats = copy.copy(runner.stats)
-        stats.dropped = stats.dropped.copy()
-        jobs[name] = JobSnapshot(
-            leads=leads,
-            holder=engine.settings.node_id if leads else lease.holder,
-            token=lease.token if leads else lease.holder_token,
-            time_left_s=elector.terms.holder_time_left(name),
-            running=runner.current is not None,
-            stats=stats,
-            error=runner.crashed,
-            paused=lease.paused,
-        )
-    last_ok = elector.last_success_at
-    election, timer = engine.election_task, engine.timer_task
-    return EngineSnapshot(
-        state=engine.state,
-        election_alive=election is not None and not election.done(),
-        timer_alive=timer is not None and not timer.done(),
-        last_round_s_ago=now - (elector.last_round_at or engine.started_at),
-        longest_lease_s=max(
-            (lease.ttl_s for lease in elector.leases.values()),
-            default=engine.settings.lock_expiry_s,
-        ),
-        store=StoreSnapshot(
-            last_success_s_ago=None if last_ok is None else now - last_ok,
-            round_trip_s=elector.round_trip_s,
-            failures=elector.failures,
-            last_error=elector.last_error,
-        ),
-        jobs=jobs,
-    )

@@ -29,7 +29,16 @@ logger = logging.getLogger("fastapi_singletonjob.runner")
 class Invoker:
     """Calls one job's function."""
 
-    __slots__ = ("_app", "_clock", "_executor", "_is_async", "_unwatched", "_warned", "spec")
+    __slots__ = (
+        "_app",
+        "_call_name",
+        "_clock",
+        "_executor",
+        "_is_async",
+        "_unbounded",
+        "_warned",
+        "spec",
+    )
 
     def __init__(
         self, spec: JobSpec, *, clock: Clock, executor: Executor | None, app: object
@@ -39,26 +48,29 @@ class Invoker:
         self._executor = executor
         self._app = app
         self._is_async = spec.is_async
-        self._unwatched = spec.timeout_s is None and spec.on_leadership_lost == "finish"
+        self._unbounded = spec.timeout_s is None and spec.on_leadership_lost == "finish"
+        self._call_name = f"singletonjob call {spec.name!r}"
+        """The name of the task of the job's code, when it runs bounded (``_run_bounded``)."""
         self._warned: tuple[str, ...] = ()
         """Which long-run warnings were given (once per job and kind)."""
 
     async def run(self, ctx: JobContext) -> tuple[Outcome, BaseException | None]:
         """Run the job once; how it ended. Raises ``NotStarted`` when the lease ran out
         before the job's code began, and ``CancelledError`` when cancelled from outside."""
-        if self._unwatched:  # nothing to watch: no task besides the run's own
+        if self._unbounded:  # no timeout, no cancel policy: no task besides the run's own
             return await self._outcome(ctx, self._invoke(ctx))
-        return await self._watch(ctx)
+        return await self._run_bounded(ctx)
 
     async def _outcome(
         self, ctx: JobContext, run: Awaitable[None], cause: Outcome | None = None
     ) -> tuple[Outcome, BaseException | None]:
-        """Await the run; how it ended. A cancellation is the outcome ``cause`` when a watcher
-        caused it, else it propagates (shutdown)."""
+        """Await the run; how it ended. A cancellation is the outcome ``cause`` when a bound
+        (the timeout, the lease's end) caused it; a cancel of this task itself (shutdown)
+        always propagates, even when it lands as the cancelled run unwinds."""
         try:
             await run
         except asyncio.CancelledError:
-            if cause is None:
+            if cause is None or _cancelling():
                 raise
             return cause, None
         except NotStarted:
@@ -70,32 +82,37 @@ class Invoker:
             return Outcome.FAILED, exc
         return Outcome.SUCCESS, None
 
-    async def _watch(self, ctx: JobContext) -> tuple[Outcome, BaseException | None]:
-        """Run the job, cancelling it at its timeout or, if so configured, when the lease
-        ends; return how it ended."""
-        run = asyncio.ensure_future(self._invoke(ctx))
-        watchers: dict[asyncio.Future[Any], Outcome] = {}
+    async def _run_bounded(self, ctx: JobContext) -> tuple[Outcome, BaseException | None]:
+        """Run the job as a task of its own, cancelling it at its timeout or, if so
+        configured, when the lease ends; return how it ended."""
+        run = asyncio.create_task(self._invoke(ctx), name=self._call_name)
+        bounds: dict[asyncio.Future[Any], Outcome] = {}
         if self.spec.timeout_s is not None:
-            watchers[asyncio.ensure_future(self._clock.sleep(self.spec.timeout_s))] = (
-                Outcome.TIMEOUT
-            )
+            bounds[asyncio.ensure_future(self._clock.sleep(self.spec.timeout_s))] = Outcome.TIMEOUT
         if self.spec.on_leadership_lost == "cancel":
-            watchers[asyncio.ensure_future(ctx.leadership_lost.wait())] = Outcome.CANCELLED
+            bounds[asyncio.ensure_future(ctx.leadership_lost.wait())] = Outcome.CANCELLED
         try:
             cause: Outcome | None = None
-            done, _ = await asyncio.wait({run, *watchers}, return_when="FIRST_COMPLETED")
+            done, _ = await asyncio.wait({run, *bounds}, return_when=asyncio.FIRST_COMPLETED)
             if run not in done:
-                cause = next(watchers[w] for w in done if w in watchers)
+                cause = next(bounds[w] for w in done if w in bounds)
                 self._log_stop(ctx, cause)
                 run.cancel()
             return await self._outcome(ctx, run, cause)
         finally:
-            for watcher in watchers:
-                watcher.cancel()
+            for bound in bounds:
+                bound.cancel()
             if not run.done():
+                # Left early (this task was cancelled): the run ends before this returns, so
+                # that no second run of the job can start meanwhile.
                 run.cancel()
-                with contextlib.suppress(BaseException):
+                try:
                     await run
+                except asyncio.CancelledError:
+                    if _cancelling():
+                        raise
+                except BaseException:  # the run's own end is moot: this call did not wait
+                    pass  # for it to say how the run went (what propagates says why)
 
     def warn_if_long(self, duration_s: float, policy: Policy, lock_expiry_s: float) -> None:
         """Warn of a run that took most of its period or of the lock expiry; once per job
@@ -176,6 +193,12 @@ class Invoker:
             # Let through, these would stop the event loop and so the whole service:
             # a job's sys.exit() is a failed run, nothing more.
             raise Escaped(exc) from exc
+
+
+def _cancelling() -> bool:
+    """Whether the current task was asked to cancel (not only its awaited run)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class Escaped(Exception):

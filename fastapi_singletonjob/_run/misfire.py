@@ -1,89 +1,102 @@
-"""What a new leader does about the runs that no node made, decided from the stored
-checkpoint: a cron or custom job's missed instants (``misfire="skip" | "run_once" |
-"catch_up"``), and an interval job's spacing from the previous leader's last run. The runs
-themselves go through ``JobRunner.attempt``, so each instant is claimed in the store first and
-none runs twice."""
+"""What a new leader does about the runs that no node made, as pure functions of the stored
+checkpoint, the schedule and the time (no clock read, no I/O; tested from tables): which of a
+cron or custom job's missed instants it runs (``misfire="skip" | "run_once" | "catch_up"``),
+and how long an interval job's first run of a term waits, so that it keeps its spacing from
+the previous leader's last run. ``JobRunner`` carries the plan out: each run goes through
+``JobRunner.attempt``, so each instant is claimed in the store first and none runs twice."""
 
 from __future__ import annotations
 
-import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
-from .._outcomes import DropReason
-from .._schedule import count_instants, latest_instant
+from .._job.spec import MisfirePolicy
+from .._schedule import Schedule, count_instants, latest_instant
 
-if TYPE_CHECKING:
-    from .._checkpoint import Checkpoint
-    from .runner import JobRunner
+__all__ = ["CatchUp", "is_late", "next_missed", "plan_catch_up", "put_off_s", "within_grace"]
 
-__all__ = ["catch_up", "put_off"]
-
-logger = logging.getLogger("fastapi_singletonjob.runner")
+_MAX_COUNTED_LATE = 10**4
 
 
-async def catch_up(runner: JobRunner, token: int, missed: datetime | None) -> None:
-    """The task of ``JobRunner.catch_up`` for term ``token``: run the missed instants the
-    job's policy asks for, one after the other, while the term lasts."""
-    assert runner.progress is not None
-    job, schedule = runner.spec.name, runner.spec.schedule
-    try:
-        try:
-            checkpoint = await runner.progress.load(token, runner.time_left())
-        except Exception as exc:
-            logger.warning(
-                "job %r: node %s could not read its checkpoint (%r); instants missed "
-                "before this term are not run",
-                job,
-                runner.node,
-                exc,
-            )
-            return
-        last = checkpoint.last_scheduled_at if checkpoint is not None else None
-        now = runner.clock.now()
-        if last is None or runner.spec.misfire == "run_once":
-            instant = missed if last is None else latest_instant(schedule, last, now)
-            if instant is not None and runner.within_grace(instant, now):
-                await runner.attempt(token, instant, now, claim=True)
-            elif instant is not None:
-                runner.drop(DropReason.LATE)
-            return
-        assert runner.spec.misfire_grace_s is not None  # catch_up requires it
-        grace = timedelta(seconds=runner.spec.misfire_grace_s)
-        cursor = last  # the instants after it are run in order, each once
-        if now - grace > last:
-            oldest = schedule.next_fire(last)
-            if oldest is not None and oldest < now - grace:
-                runner.drop(DropReason.LATE, count_instants(schedule, oldest, now - grace, 10**4))
-            cursor = now - grace
-        while not runner.closed and runner.is_leader_of(token):
-            instant, now = schedule.next_fire(cursor), runner.clock.now()
-            if instant is None or instant > now or instant <= cursor:
-                return
-            if now - instant > grace:
-                runner.drop(DropReason.LATE)
-            else:
-                await runner.attempt(token, instant, now, claim=True)
-            cursor = instant
-    finally:
-        runner.ended()
+def within_grace(
+    schedule: Schedule, grace_s: float | None, instant: datetime, now: datetime
+) -> bool:
+    """Whether a run for ``instant`` may still start at ``now``: within ``grace_s``
+    (``misfire_grace``), or without one until the schedule's following instant."""
+    if grace_s is not None:
+        return (now - instant).total_seconds() <= grace_s
+    following = schedule.next_fire(instant)
+    return following is None or now < following
 
 
-def put_off(runner: JobRunner, checkpoint: Checkpoint | None) -> bool:
-    """Whether an interval job's first run of a term must wait, because the stored last run
-    (on any node) ended less than ``every`` ago; if so, sets ``runner.resume_in_s``."""
-    every_s = runner.policy.period_s
-    if checkpoint is None or checkpoint.last_completed_at is None or every_s is None:
-        return False
-    since_s = (runner.clock.now() - checkpoint.last_completed_at).total_seconds()
-    if since_s >= every_s:
-        return False
-    runner.resume_in_s = every_s - since_s
-    logger.info(
-        "job %r: its last run ended %.3fs ago; node %s runs it in %.3fs",
-        runner.spec.name,
-        since_s,
-        runner.node,
-        runner.resume_in_s,
-    )
-    return True
+def is_late(instant: datetime, now: datetime, grace_s: float) -> bool:
+    """Whether ``instant``, caught up at ``now``, is past its grace of ``grace_s``."""
+    return now - instant > timedelta(seconds=grace_s)
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """What a new leader of a cron or custom job does about the instants no node ran."""
+
+    run: datetime | None = None
+    """The one missed instant to run now, if any (``run_once``, or no stored last run)."""
+    late: int = 0
+    """How many missed instants are dropped as past their grace."""
+    after: datetime | None = None
+    """With ``catch_up``: then run, in order, each instant after this one that has come
+    (``next_missed``), dropping those past their grace (``is_late``); None: nothing more."""
+
+
+def plan_catch_up(
+    schedule: Schedule,
+    *,
+    misfire: MisfirePolicy,
+    grace_s: float | None,
+    last: datetime | None,
+    missed: datetime | None,
+    now: datetime,
+) -> CatchUp:
+    """The plan of a term that begins at ``now``, with ``last`` the instant of the stored
+    last run (on any node), if any. Without one, ``missed`` (the last instant this node saw
+    pass while another node led) is run once, within its grace. ``misfire="skip"`` never
+    gets here (it runs none)."""
+    if last is None or misfire == "run_once":
+        instant = missed if last is None else latest_instant(schedule, last, now)
+        if instant is None:
+            return CatchUp()
+        if within_grace(schedule, grace_s, instant, now):
+            return CatchUp(run=instant)
+        return CatchUp(late=1)
+    if grace_s is None:
+        raise ValueError("misfire='catch_up' needs a misfire_grace")  # checked by JobOptions
+    horizon = now - timedelta(seconds=grace_s)
+    if horizon <= last:
+        return CatchUp(after=last)
+    oldest = schedule.next_fire(last)
+    late = 0
+    if oldest is not None and oldest < horizon:
+        late = count_instants(schedule, oldest, horizon, _MAX_COUNTED_LATE)
+    return CatchUp(late=late, after=horizon)
+
+
+def next_missed(schedule: Schedule, cursor: datetime, now: datetime) -> datetime | None:
+    """The catch-up's next instant after ``cursor``, if it has come by ``now``; None when the
+    catch-up is over (no instant left, one still to come, or a schedule that does not move
+    forward)."""
+    instant = schedule.next_fire(cursor)
+    if instant is None or instant > now or instant <= cursor:
+        return None
+    return instant
+
+
+def put_off_s(
+    period_s: float | None, last_completed_at: datetime | None, now: datetime
+) -> float | None:
+    """How long an interval job's first run of a term waits, because the stored last run (on
+    any node) ended less than ``period_s`` before ``now``; None: it runs now."""
+    if last_completed_at is None or period_s is None:
+        return None
+    since_s = (now - last_completed_at).total_seconds()
+    if since_s >= period_s:
+        return None
+    return period_s - since_s

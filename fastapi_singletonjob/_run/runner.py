@@ -1,7 +1,8 @@
 """*How* a job runs: claim its instant, read its checkpoint at a term's first run, call it
 (``_run/invoke.py``: on the loop or in a thread, under its timeout), record how it ended, here and
-in the checkpoint. *When* it runs is the ticker's business (``_run/ticker.py``), and what a new
-leader does about the runs no node made is ``_run/misfire.py``'s.
+in the checkpoint. *When* it runs is the ticker's business (``_run/ticker.py``); what a new
+leader does about the runs no node made is decided in ``_run/misfire.py`` and carried out
+here. The election is reached through ``_run/leadership.py``'s ``Leadership``.
 
 A job has at most one run in flight: a tick that comes while a run is still going is dropped
 and counted, never queued. Leadership is checked synchronously right before the job's code
@@ -12,16 +13,15 @@ run.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import random
 from collections.abc import Callable
 from concurrent.futures import Executor
 from datetime import datetime, timedelta
 
-from .._checkpoint import to_unix_us
+from .._checkpoint import Checkpoint, to_unix_us
 from .._clock import Clock
-from .._election.elector import Elector
-from .._election.lease import LeaseView
 from .._job.context import JobContext
 from .._job.spec import JobSpec
 from .._outcomes import DropReason, JobStats, Outcome, RunRecord
@@ -29,7 +29,8 @@ from .._schedule import policy_of
 from .._store.base import ClaimResult
 from .._telemetry import NOT_LEADER, Telemetry
 from .invoke import Invoker, NotStarted, summary
-from .misfire import catch_up, put_off
+from .leadership import Leadership, TermView
+from .misfire import is_late, next_missed, plan_catch_up, put_off_s, within_grace
 from .progress import Progress, no_checkpoint
 
 __all__ = ["JobRunner"]
@@ -38,26 +39,29 @@ logger = logging.getLogger("fastapi_singletonjob.runner")
 
 _CLAIM_RETRY_S = 0.05
 
+RunEnded = Callable[[str, "float | None"], None]
+"""Called with the job's name when a run (or an attempt to start one) has ended, and, when an
+interval job's run was put off (the previous leader ran recently), the delay to the next."""
+
 
 class JobRunner:
     """Starts and supervises the runs of one job on this node."""
 
     __slots__ = (
         "_claimed_term",
-        "clock",
-        "_elector",
-        "_task_name",
+        "_closed",
+        "_current",
         "_invoker",
         "_iteration",
-        "closed",
-        "resume_in_s",
-        "progress",
+        "_leadership",
+        "_on_end",
+        "_rng",
+        "_task_name",
         "_telemetry",
-        "crashed",
-        "current",
+        "clock",
         "lease",
-        "on_run_end",
         "policy",
+        "progress",
         "spec",
         "stats",
     )
@@ -66,45 +70,56 @@ class JobRunner:
         self,
         spec: JobSpec,
         *,
-        elector: Elector,
+        leadership: Leadership,
         clock: Clock,
         executor: Executor | None,
         app: object = None,
         telemetry: Telemetry | None = None,
         progress: Progress | None = None,
+        rng: Callable[[], float] = random.random,
+        on_end: RunEnded | None = None,
     ) -> None:
         self.spec = spec
         self.progress = progress
         """The job's checkpoint; None with ``checkpoint=False``."""
         self.stats = JobStats()
-        self.lease: LeaseView = elector.terms.view(spec.name)
-        self._elector = elector
+        """The job's counters and last run, written here only (its ``next_run`` is the
+        timer's: ``Ticker.next_run``)."""
+        self.lease: TermView = leadership.view(spec.name)
+        self._leadership = leadership
         self.clock = clock
+        self._rng = rng
+        """Uniform in [0, 1): the jitter of the claim's retries (the election's source)."""
+        self._on_end = on_end
         self._invoker = Invoker(spec, clock=clock, executor=executor, app=app)
-        self._telemetry = telemetry or Telemetry(elector.node_id)
+        self._telemetry = telemetry or Telemetry(leadership.node_id)
         self.policy = policy_of(spec.schedule)
         self._task_name = f"singletonjob run {spec.name!r}"
         self._claimed_term: int | None = None
         """The last term whose first instant was claimed (schedules that claim only that)."""
         self._iteration = 0
-        self.current: asyncio.Task[None] | None = None
-        """The run in flight, if any."""
-        self.crashed: BaseException | None = None
-        """Why the job's schedule failed on this node, if it did."""
-        self.on_run_end: Callable[[JobRunner], None] | None = None
-        """Called when a run (or an attempt to start one) has ended."""
-        self.resume_in_s: float | None = None
-        """Set when an interval job's run was put off (``put_off``): the delay to the next."""
-        self.closed = False
-        """Set at shutdown: no run starts any more."""
+        self._current: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def current(self) -> asyncio.Task[None] | None:
+        """The run in flight (or the catch-up), if any."""
+        return self._current
+
+    def close(self) -> None:
+        """Shutdown: no run starts any more (the runs in flight go on)."""
+        self._closed = True
+
+    def stats_copy(self) -> JobStats:
+        """A copy of the job's counters and last run, for a snapshot."""
+        stats = copy.copy(self.stats)
+        stats.dropped = stats.dropped.copy()
+        return stats
 
     def within_grace(self, instant: datetime, now: datetime) -> bool:
         """Whether a run for ``instant`` may still start at ``now``: within ``misfire_grace``,
         or by default until the following instant."""
-        if self.spec.misfire_grace_s is not None:
-            return (now - instant).total_seconds() <= self.spec.misfire_grace_s
-        following = self.spec.schedule.next_fire(instant)
-        return following is None or now < following
+        return within_grace(self.spec.schedule, self.spec.misfire_grace_s, instant, now)
 
     def drop(self, reason: DropReason, count: int = 1) -> None:
         """Count ``count`` ticks dropped for ``reason``."""
@@ -117,7 +132,7 @@ class JobRunner:
     @property
     def node(self) -> str:
         """This node's id."""
-        return self._elector.node_id
+        return self._leadership.node_id
 
     # -- running --------------------------------------------------------------------------
 
@@ -125,10 +140,10 @@ class JobRunner:
         """Whether ``start`` would start a run now: this node leads the job, which is idle."""
         token = self.lease.token
         return (
-            not self.closed
-            and self.current is None
+            not self._closed
+            and self._current is None
             and token is not None
-            and self._elector.is_leader(self.spec.name, token)
+            and self._leadership.is_leader(self.spec.name, token)
         )
 
     def start(
@@ -138,14 +153,14 @@ class JobRunner:
         a ``gate`` (opt-in precision: ``scheduled_at`` is still to come) the run does what
         comes before the job's code now, and the job's code waits for the gate to open (its
         value: how long the run still waits on its own, at shutdown; else 0)."""
-        if self.closed:
+        if self._closed:
             return None
         token = self.lease.token
-        if token is None or not self._elector.is_leader(self.spec.name, token):
+        if token is None or not self._leadership.is_leader(self.spec.name, token):
             self.stats.not_leader += 1
             self._telemetry.drop(self.spec.name, NOT_LEADER)
             return None
-        if self.current is not None:
+        if self._current is not None:
             self.drop(DropReason.OVERLAP)
             return None
         claim = self.policy.claims_every_instant or (
@@ -154,30 +169,30 @@ class JobRunner:
         started_at = self.clock.now()
         if gate is None:
             self.stats.running_since = started_at
-        self.current = run = asyncio.create_task(
+        self._current = run = asyncio.create_task(
             self._supervise(token, scheduled_at, started_at, claim, gate), name=self._task_name
         )
         # After the task: its first step (up to the job's first await) then comes before the
         # deadline watchdog that this wakes.
-        self._elector.run_started(self.spec.name)
+        self._leadership.run_started(self.spec.name)
         return run
 
     # -- what a JobContext asks of its runner ---------------------------------------------
 
     def is_leader_of(self, token: int) -> bool:
         """Whether this node still leads the job in term ``token``."""
-        return self._elector.is_leader(self.spec.name, token)
+        return self._leadership.is_leader(self.spec.name, token)
 
     def lost_of(self, token: int) -> asyncio.Event:
         """The "leadership lost" signal of term ``token``."""
-        self._elector.lost_awaited(self.spec.name)
+        self._leadership.lost_awaited(self.spec.name)
         return self.lease.lost_of(token)
 
     async def save_state_of(self, ctx: JobContext, value: object) -> None:
         """``ctx.save_state(value)``: a fenced write of the job's state."""
         if self.progress is None:
             raise no_checkpoint(self.spec.name)
-        time_left = self._elector.terms.time_left(self.spec.name)
+        time_left = self.time_left()
         if not self.is_leader_of(ctx.fencing_token):
             time_left = 0.0
         await self.progress.save_state(ctx.fencing_token, value, time_left)
@@ -195,9 +210,7 @@ class JobRunner:
             iteration = self._iteration
         else:
             try:
-                checkpoint = await self.progress.load(
-                    token, self._elector.terms.time_left(self.spec.name)
-                )
+                checkpoint = await self.progress.load(token, self.time_left())
             except Exception as exc:
                 logger.warning(
                     "job %r: instant %s skipped on node %s: its checkpoint could not be read "
@@ -229,7 +242,7 @@ class JobRunner:
         instant_us = to_unix_us(scheduled_at)
         delay_s = _CLAIM_RETRY_S
         while True:
-            result = await self._elector.claim(job, token, instant_us)
+            result = await self._leadership.claim(job, token, instant_us)
             if result is ClaimResult.CLAIMED:
                 self._claimed_term = token
                 return None
@@ -263,7 +276,7 @@ class JobRunner:
                 )
                 return DropReason.STORE_ERROR
             # Jittered, so that jobs claiming one instant together do not retry in lockstep.
-            await self.clock.sleep(delay_s * (0.5 + random.random()))
+            await self.clock.sleep(delay_s * (0.5 + self._rng()))
             delay_s = min(2 * delay_s, 1.0)
 
     async def _supervise(
@@ -274,10 +287,11 @@ class JobRunner:
         claim: bool,
         gate: asyncio.Future[float] | None,
     ) -> None:
+        resume_in_s: float | None = None
         try:
-            await self.attempt(token, scheduled_at, started_at, claim, gate)
+            resume_in_s = await self.attempt(token, scheduled_at, started_at, claim, gate)
         finally:
-            self.ended()
+            self._ended(resume_in_s)
 
     async def attempt(
         self,
@@ -286,9 +300,11 @@ class JobRunner:
         started_at: datetime,
         claim: bool,
         gate: asyncio.Future[float] | None = None,
-    ) -> None:
+    ) -> float | None:
         """Claim the instant if asked, read the checkpoint at a term's first run, run; with
-        a ``gate``, wait for it (and then the time it says) after the claim."""
+        a ``gate``, wait for it (and then the time it says) after the claim. Returns the
+        delay to the next run when an interval job's first run of a term was put off (the
+        previous leader ran it recently), else None."""
         first_of_term = self.progress is not None and not self.progress.loaded_for(token)
         begun: JobContext | DropReason | None = None
         if gate is None:
@@ -302,23 +318,43 @@ class JobRunner:
             started_at = self.stats.running_since = self.clock.now()
         if begun is None:
             if not self.policy.after_run:
-                self._elector.terms.instant_started(self.spec.name, scheduled_at)
+                self._leadership.instant_started(self.spec.name, scheduled_at)
             begun = await self._context(token, scheduled_at, started_at)
+        resume_in_s = None
         if isinstance(begun, DropReason):
             self.drop(begun)
-        elif first_of_term and self.policy.after_run and put_off(self, begun.checkpoint):
-            pass  # a new leader waits out the interval since the previous leader's run
+        elif first_of_term and self.policy.after_run:
+            # A new leader waits out the interval since the previous leader's run.
+            resume_in_s = self._put_off(begun.checkpoint)
+            if resume_in_s is None:
+                await self._run(begun)
         else:
             await self._run(begun)
         self.stats.running_since = None
+        return resume_in_s
 
-    def ended(self) -> None:
+    def _put_off(self, checkpoint: Checkpoint | None) -> float | None:
+        """How long an interval job's first run of a term waits (``misfire.put_off_s``)."""
+        last = checkpoint.last_completed_at if checkpoint is not None else None
+        now = self.clock.now()
+        delay_s = put_off_s(self.policy.period_s, last, now)
+        if delay_s is not None and last is not None:
+            logger.info(
+                "job %r: its last run ended %.3fs ago; node %s runs it in %.3fs",
+                self.spec.name,
+                (now - last).total_seconds(),
+                self.node,
+                delay_s,
+            )
+        return delay_s
+
+    def _ended(self, resume_in_s: float | None = None) -> None:
         """The run in flight (or the catch-up) has ended: the job is idle again."""
-        self.current = None
+        self._current = None
         self.stats.running_since = None
-        self._elector.run_ended(self.spec.name)
-        if self.on_run_end is not None:
-            self.on_run_end(self)
+        self._leadership.run_ended(self.spec.name)
+        if self._on_end is not None:
+            self._on_end(self.spec.name, resume_in_s)
 
     # -- misfires -------------------------------------------------------------------------
 
@@ -329,17 +365,63 @@ class JobRunner:
         stored run, ``missed`` (the last instant this node saw pass while another led) is
         run once, within its grace."""
         token = self.lease.token
-        if self.closed or token is None or self.current is not None or self.progress is None:
+        if self._closed or token is None or self._current is not None or self.progress is None:
             return None
-        self.current = task = asyncio.create_task(
-            catch_up(self, token, missed), name=self._task_name
+        self._current = task = asyncio.create_task(
+            self._catch_up(token, missed), name=self._task_name
         )
-        self._elector.run_started(self.spec.name)
+        self._leadership.run_started(self.spec.name)
         return task
+
+    async def _catch_up(self, token: int, missed: datetime | None) -> None:
+        """The task of ``catch_up`` for term ``token``: run what ``misfire.plan_catch_up``
+        says, one run after the other, while the term lasts."""
+        assert self.progress is not None
+        schedule = self.spec.schedule
+        try:
+            try:
+                checkpoint = await self.progress.load(token, self.time_left())
+            except Exception as exc:
+                logger.warning(
+                    "job %r: node %s could not read its checkpoint (%r); instants missed "
+                    "before this term are not run",
+                    self.spec.name,
+                    self.node,
+                    exc,
+                )
+                return
+            now = self.clock.now()
+            plan = plan_catch_up(
+                schedule,
+                misfire=self.spec.misfire,
+                grace_s=self.spec.misfire_grace_s,
+                last=checkpoint.last_scheduled_at if checkpoint is not None else None,
+                missed=missed,
+                now=now,
+            )
+            if plan.late:
+                self.drop(DropReason.LATE, plan.late)
+            if plan.run is not None:
+                await self.attempt(token, plan.run, now, claim=True)
+            cursor, grace_s = plan.after, self.spec.misfire_grace_s
+            if cursor is None or grace_s is None:
+                return
+            while not self._closed and self.is_leader_of(token):
+                now = self.clock.now()
+                instant = next_missed(schedule, cursor, now)
+                if instant is None:
+                    return
+                if is_late(instant, now, grace_s):
+                    self.drop(DropReason.LATE)
+                else:
+                    await self.attempt(token, instant, now, claim=True)
+                cursor = instant
+        finally:
+            self._ended()
 
     def time_left(self) -> float:
         """Seconds left on this node's lease of the job (0 when it does not lead)."""
-        return self._elector.terms.time_left(self.spec.name)
+        return self._leadership.time_left(self.spec.name)
 
     async def _run(self, ctx: JobContext) -> None:
         outcome: Outcome = Outcome.CANCELLED

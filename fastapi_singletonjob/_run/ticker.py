@@ -23,7 +23,7 @@ import heapq
 import itertools
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from .._aio import Pacer
@@ -47,7 +47,18 @@ _BATCH = 64
 class _Slot:
     """One job's place in the timer: its next instant and what to do when it comes."""
 
-    __slots__ = ("armed", "due", "following", "missed", "previous", "rank", "runner", "waiting")
+    __slots__ = (
+        "armed",
+        "due",
+        "failure",
+        "following",
+        "missed",
+        "next_run",
+        "previous",
+        "rank",
+        "runner",
+        "waiting",
+    )
 
     def __init__(self, runner: JobRunner, now: datetime) -> None:
         self.runner = runner
@@ -67,14 +78,19 @@ class _Slot:
         self.rank = runner.policy.period_s or math.inf
         """Among jobs due at the same instant, shorter periods start first: they have the
         least time to spare (rate-monotonic order)."""
+        self.next_run: datetime | None = None
+        """The next run as the status shows it (None: unknown, or none to come)."""
+        self.failure: BaseException | None = None
+        """Why the job's schedule failed on this node, if it did: nothing of it fires again."""
 
 
 class Ticker:
-    """The one timer of a node."""
+    """The one timer of a node: each job's runner is ``add``-ed before ``run``. Hears from
+    the election (``term_started``, ``triggered``: a ``TermListener``) and from the runners
+    (``run_ended``), and keeps its own state: each job's next run and schedule failure."""
 
     def __init__(
         self,
-        runners: Iterable[JobRunner],
         *,
         clock: Clock,
         retire: Callable[[JobRunner], None],
@@ -95,14 +111,29 @@ class Ticker:
         gate of the run started ahead of it (None: fired when it comes)."""
         self._fired: list[tuple[_Slot, datetime | None]] = []
         """Slots fired since the last yield, to arm once their runs have begun."""
-        now = clock.now()
-        self._slots = {runner.spec.name: _Slot(runner, now) for runner in runners}
-        for slot in self._slots.values():
-            slot.runner.on_run_end = self._run_ended
+        self._slots: dict[str, _Slot] = {}
+        self._stopped = False
+        """Set by ``stop_waiting``: a run that ends arms nothing any more."""
+
+    def add(self, runner: JobRunner) -> None:
+        """Time the runs of ``runner``'s job (before ``run``)."""
+        self._slots[runner.spec.name] = _Slot(runner, self._clock.now())
+
+    # -- what the status reads ------------------------------------------------------------
+
+    def next_run(self, job: str) -> datetime | None:
+        """When the next run of ``job`` is due, if known."""
+        slot = self._slots.get(job)
+        return None if slot is None else slot.next_run
+
+    def failure(self, job: str) -> BaseException | None:
+        """Why ``job``'s schedule stopped on this node, if it did."""
+        slot = self._slots.get(job)
+        return None if slot is None else slot.failure
 
     # -- notifications from the election and the runs -------------------------------------
 
-    def leadership_gained(self, job: str) -> None:
+    def term_started(self, job: str) -> None:
         """This node started a term of ``job``: start a parked interval job, catch up."""
         slot = self._slots.get(job)
         if slot is None:
@@ -127,7 +158,7 @@ class Ticker:
         else:
             runner.drop(DropReason.LATE)
 
-    def trigger(self, job: str) -> None:
+    def triggered(self, job: str) -> None:
         """An operator asked for one extra run of ``job`` now, and this node leads it: start
         it, unless a run is in flight (then the request is dropped, and logged)."""
         slot = self._slots.get(job)
@@ -145,13 +176,18 @@ class Ticker:
         logger.info("node %s starts an extra run of job %r, as an operator asked", runner.node, job)
         runner.start(self._clock.now())
 
-    def _run_ended(self, runner: JobRunner) -> None:
-        slot = self._slots.get(runner.spec.name)
-        if slot is not None and runner.policy.after_run and slot.waiting:
-            every_s = runner.policy.period_s or 0.0
-            if runner.resume_in_s is not None:  # put off: the previous leader ran recently
-                every_s, runner.resume_in_s = runner.resume_in_s, None
-            runner.stats.next_run = self._clock.now() + timedelta(seconds=every_s)
+    def run_ended(self, job: str, resume_in_s: float | None = None) -> None:
+        """A run of ``job`` ended (``JobRunner``'s ``on_end``): an interval job counts its
+        period from now, or waits ``resume_in_s`` when its run was put off (the previous
+        leader ran recently)."""
+        slot = self._slots.get(job)
+        if slot is None or self._stopped:
+            return
+        if slot.runner.policy.after_run and slot.waiting:
+            every_s = slot.runner.policy.period_s or 0.0
+            if resume_in_s is not None:
+                every_s = resume_in_s
+            slot.next_run = self._clock.now() + timedelta(seconds=every_s)
             self._arm(slot, every_s)
 
     # -- the timer ------------------------------------------------------------------------
@@ -286,19 +322,19 @@ class Ticker:
     def _fire_interval(self, slot: _Slot) -> None:
         runner = slot.runner
         if runner.lease.token is None:
-            slot.waiting = True  # until leadership_gained
-            runner.stats.next_run = None
+            slot.waiting = True  # until term_started
+            slot.next_run = None
             return
         if runner.lease.paused:
             runner.drop(DropReason.PAUSED)
             every_s = runner.policy.period_s or 0.0
-            runner.stats.next_run = self._clock.now() + timedelta(seconds=every_s)
+            slot.next_run = self._clock.now() + timedelta(seconds=every_s)
             self._arm(slot, every_s)
             return
-        runner.stats.next_run = None  # known once this run has ended
-        slot.waiting = True  # until _run_ended
+        slot.next_run = None  # known once this run has ended
+        slot.waiting = True  # until run_ended
         if runner.start(self._clock.now()) is None:
-            self._run_ended(runner)
+            self.run_ended(runner.spec.name)
 
     def _next_instant(self, slot: _Slot) -> None:
         try:
@@ -311,7 +347,7 @@ class Ticker:
     def _due(self, slot: _Slot, due: datetime | None) -> None:
         runner = slot.runner
         slot.due = due
-        runner.stats.next_run = due
+        slot.next_run = due
         if due is None:
             logger.info("job %r has no more fire times on node %s", runner.spec.name, runner.node)
             self._retire(runner)
@@ -339,8 +375,8 @@ class Ticker:
 
     def _crash(self, slot: _Slot, exc: Exception) -> None:
         runner = slot.runner
-        runner.crashed = exc
-        runner.stats.next_run = None
+        slot.failure = exc
+        slot.next_run = None
         slot.armed += 1  # nothing of this job fires again
         logger.error(
             "the schedule of job %r failed on node %s; the job stops on this node",
@@ -362,10 +398,10 @@ class Ticker:
                 # and runs, and shutdown drains it as any run in flight.
                 gate.set_result(max(due_at - now, 0.0))
         self._coming.clear()
+        self._stopped = True
         for slot in self._slots.values():
             slot.armed += 1
             slot.waiting = False
-            slot.runner.on_run_end = None
         self._pacer.ring()
 
 

@@ -787,7 +787,7 @@ async def start_instance(instance: Instance) -> None:
     instance.tasks = [t for t in (engine.election_task, engine.timer_task) if t is not None]
 
 
-HELPERS = ("release listener", "lease deadlines")
+HELPERS = ("release listener", "deadline watchdog")
 """The election loop's helper tasks, by the end of their names."""
 
 
@@ -843,9 +843,9 @@ def leads(instance: Instance, clock: NodeClock, job: str) -> bool:
 def schedule_errors(instance: Instance) -> list[str]:
     """Why jobs' schedules stopped on this node, if any did."""
     return [
-        f"job {name!r}: {runner.crashed!r}"
-        for name, runner in instance.engine.runners.items()
-        if runner.crashed is not None
+        f"job {name!r}: {instance.engine.ticker.failure(name)!r}"
+        for name in instance.engine.runners
+        if instance.engine.ticker.failure(name) is not None
     ]
 
 
