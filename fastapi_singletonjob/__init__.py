@@ -14,6 +14,7 @@ from ._job.dependencies import job_context
 from ._outcomes import DropReason, Outcome
 from ._schedule import Cron, FixedRate, Interval, Schedule
 from ._singletonjobs import SingletonJobs
+from ._version import __version__
 from ._web.models import (
     ClusterJob,
     ClusterNode,
@@ -25,8 +26,6 @@ from ._web.models import (
     NodeStatus,
     StoreStatus,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Checkpoint",

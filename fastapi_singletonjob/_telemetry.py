@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover - another opentelemetry-api layout
     _ProxyMeterProvider = metrics.NoOpMeterProvider  # type: ignore[assignment,misc]
 
 from ._outcomes import DropReason, Outcome
+from ._version import __version__
 
 if TYPE_CHECKING:
     from ._job.context import JobContext
@@ -84,8 +85,6 @@ class _Instruments:
     set per ``SingletonJobs`` would pile up in a process that makes many (a test suite)."""
 
     def __init__(self, meter_provider: metrics.MeterProvider | None) -> None:
-        from . import __version__
-
         meter = metrics.get_meter(INSTRUMENTATION, __version__, meter_provider)
         self.runs = meter.create_counter(
             "singletonjob.runs", unit="{run}", description="Runs finished, by outcome."
@@ -185,7 +184,6 @@ class Telemetry:
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
-        from . import __version__
 
         self._node_id = node_id
         self._explicit_traces = tracer_provider is not None

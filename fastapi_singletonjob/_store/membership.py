@@ -11,26 +11,20 @@ their own.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from .._version import __version__
+
 __all__ = ["VERSION", "MemberRecord", "Membership", "jobs_digest"]
 
 logger = logging.getLogger("fastapi_singletonjob.membership")
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("fastapi-singletonjob")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        return "unknown"
-
-
-VERSION = _version()
+VERSION = __version__
 """The library's version, as this node announces it."""
 
 
