@@ -83,10 +83,12 @@ def _fastapi_requirement() -> str:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """Check lint rules and formatting with ruff (no changes are made)."""
-    session.install("ruff>=0.6")
+    """Check lint rules and formatting with ruff (no changes are made), and the layers of the
+    package with import-linter (the contract in pyproject.toml)."""
+    session.install("-e", ".", "ruff>=0.6", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports")
 
 
 @nox.session(python=PYTHON)
