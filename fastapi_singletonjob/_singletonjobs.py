@@ -7,8 +7,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter
@@ -44,14 +43,11 @@ from ._web.models import ClusterStatus, NodeStatus
 from ._web.router import create_router
 from ._web.views import node_status
 
-__all__ = ["SingletonJobs"]
+__all__ = ["SingletonJobs", "StatusView"]
 
 logger = logging.getLogger("fastapi_singletonjob")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_PROBE_POLL_S = 0.01
-"""How often ``probe_store`` looks whether the election's round, brought forward, is done."""
 
 
 class SingletonJobs:
@@ -187,7 +183,7 @@ class SingletonJobs:
         ``GET /jobs``, ``GET /jobs/{name}``, ``GET /health`` (readiness) and
         ``GET /health/live`` (liveness); see ``fastapi_singletonjob._web.router``.
         """
-        return create_router(self)
+        return create_router(StatusView(self))
 
     @functools.cached_property
     def admin_router(self) -> APIRouter:
@@ -229,7 +225,7 @@ class SingletonJobs:
         """A snapshot of this node and its jobs (or only ``job``), as the router serves it."""
         if job is not None:
             require_registered(job, self._specs)
-        return node_status(self, only=job)
+        return node_status(StatusView(self), only=job)
 
     async def checkpoint(self, job: str) -> Checkpoint | None:
         """``job``'s checkpoint as stored, the same from every replica; None before its first
@@ -240,35 +236,6 @@ class SingletonJobs:
         """Delete ``job``'s checkpoint (an operator's action, not fenced): its next run starts
         from iteration 1 and no state. True if there was one."""
         return await self._admin.reset_checkpoint(job)
-
-    def snapshot(self) -> EngineSnapshot | None:
-        """A consistent picture of the running engine, as the status and the probes read it;
-        None before startup and after shutdown."""
-        engine = self._engine
-        return None if engine is None else engine.snapshot()
-
-    async def probe_store(self, within_s: float) -> bool:
-        """Whether the store answers a PING within ``within_s`` now and, woken by it, the
-        election then completes a round within ``within_s`` more (measured on the clock);
-        False before startup. The readiness probe calls it when the store seemed in trouble:
-        the election may be waiting out its backoff."""
-        engine = self._engine
-        if engine is None:
-            return False
-        elector, began = engine.elector, self._clock.monotonic()
-        try:
-            async with asyncio.timeout(within_s):
-                await engine.store.ping()
-        except Exception:  # whatever the client raises (a cluster's RedisClusterException too)
-            return False
-        elector.retry_now()
-        deadline = self._clock.monotonic() + within_s
-        while not (elector.failures == 0 and (elector.last_success_at or -math.inf) >= began):
-            left_s = deadline - self._clock.monotonic()
-            if left_s <= 0:
-                return False
-            await self._clock.sleep(min(_PROBE_POLL_S, left_s))
-        return True
 
     def _admin_client(self) -> AdminClient:
         return AdminClient(
@@ -478,3 +445,48 @@ class SingletonJobs:
             f"SingletonJobs(project={self.project!r}, node_id={self.node_id!r}, "
             f"jobs={sorted(self._specs)!r})"
         )
+
+
+class StatusView:
+    """A ``SingletonJobs`` as the web layer reads it (``_web.source.StatusSource``): its public
+    properties and calls, and the running engine's snapshot and store probe, which are not
+    part of the public API."""
+
+    __slots__ = ("_jobs",)
+
+    def __init__(self, jobs: SingletonJobs) -> None:
+        self._jobs = jobs
+
+    @property
+    def project(self) -> str:
+        return self._jobs.project
+
+    @property
+    def node_id(self) -> str:
+        return self._jobs.node_id
+
+    @property
+    def store_description(self) -> str:
+        return self._jobs.store_description
+
+    @property
+    def settings(self) -> Settings:
+        return self._jobs.settings
+
+    @property
+    def jobs(self) -> Mapping[str, JobSpec]:
+        return self._jobs.jobs
+
+    def snapshot(self) -> EngineSnapshot | None:
+        engine = self._jobs.engine
+        return None if engine is None else engine.snapshot()
+
+    async def checkpoint(self, job: str) -> Checkpoint | None:
+        return await self._jobs.checkpoint(job)
+
+    async def cluster_status(self) -> ClusterStatus:
+        return await self._jobs.cluster_status()
+
+    async def probe_store(self, within_s: float) -> bool:
+        engine = self._jobs.engine
+        return False if engine is None else await engine.probe_store(within_s)

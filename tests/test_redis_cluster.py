@@ -24,6 +24,7 @@ from waiting import wait_until
 
 from fastapi_singletonjob import ConfigurationError, SingletonJobs
 from fastapi_singletonjob._config.cluster_url import seed_urls
+from fastapi_singletonjob._singletonjobs import StatusView
 from fastapi_singletonjob._store.base import LeaseRequest
 from fastapi_singletonjob._store.keys import job_key, release_channel
 from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore, ClusterTopology
@@ -184,7 +185,7 @@ async def test_readiness_names_a_cluster_url_or_client_given_a_single_redis(
             await wait_until(
                 lambda: jobs.status().store.consecutive_failures >= 1, 5.0, "a failed round"
             )
-            health, reason = await readiness(jobs, strict=True)
+            health, reason = await readiness(StatusView(jobs), strict=True)
     finally:
         if client is not None:
             await client.aclose()
@@ -205,7 +206,7 @@ async def test_readiness_names_a_plain_url_given_a_cluster_node(
         await wait_until(
             lambda: jobs.status().store.consecutive_failures >= 2, 5.0, "failed rounds"
         )
-        health, reason = await readiness(jobs, strict=True)
+        health, reason = await readiness(StatusView(jobs), strict=True)
         assert not jobs.status().jobs[0].is_leader
     assert runs == []
     assert health == "unavailable"

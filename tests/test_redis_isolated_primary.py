@@ -21,6 +21,7 @@ from servers import HOST, RedisServerFactory
 from waiting import wait_until
 
 from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob._singletonjobs import StatusView
 from fastapi_singletonjob._timing import lease_deadline
 from fastapi_singletonjob._web.health import readiness
 
@@ -80,7 +81,7 @@ async def test_a_primary_cut_from_its_replica_refuses_renewals_and_its_leader_st
             reasons: list[str] = []
 
             async def names_noreplicas() -> bool:
-                ready, reason = await readiness(jobs, strict=True)
+                ready, reason = await readiness(StatusView(jobs), strict=True)
                 reasons.append(reason or "")
                 return ready != "ok" and "min-replicas-to-write asks (NOREPLICAS" in (reason or "")
 

@@ -630,7 +630,7 @@ async def test_liveness_fails_while_the_election_loop_is_wedged() -> None:
 async def test_the_readiness_probe_waits_on_the_injected_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``probe_store`` PINGs the store, wakes the election and polls for its round on the
+    """``Engine.probe_store`` PINGs the store, wakes the election and polls for its round on the
     clock it was given: on a ``FakeClock`` it waits, bounded, in zero real time."""
     clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
     jobs = fake_clock_jobs(clock, "memory://router-probe")
@@ -645,13 +645,13 @@ async def test_the_readiness_probe_waits_on_the_injected_clock(
 
         monkeypatch.setattr(engine.store, "elect", refused)
         began = time.monotonic()
-        failing = asyncio.create_task(jobs.probe_store(1.0))
+        failing = asyncio.create_task(engine.probe_store(1.0))
         await clock.advance(0.9)
         assert not failing.done(), "it waits for the round on the fake clock"
         await clock.advance(0.2)
         assert failing.done() and failing.result() is False
         monkeypatch.setattr(engine.store, "elect", elect)
-        answering = asyncio.create_task(jobs.probe_store(1.0))
+        answering = asyncio.create_task(engine.probe_store(1.0))
         await clock.advance(0.05)
         assert answering.done() and answering.result() is True
         elapsed_s = time.monotonic() - began

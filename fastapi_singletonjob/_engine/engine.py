@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +61,8 @@ logger = logging.getLogger("fastapi_singletonjob")
 
 CANCEL_GRACE_S = 5.0
 """Longest wait for cancelled runs to end at shutdown before giving up on them."""
+PROBE_POLL_S = 0.01
+"""How often ``probe_store`` looks whether the election's round, brought forward, is done."""
 LEAVE_TIMEOUT_S = 1.0
 """Longest wait for the membership record's deletion at shutdown (it expires anyway)."""
 
@@ -199,6 +202,26 @@ class Engine:
             error=self.ticker.failure(name),
             paused=lease.paused,
         )
+
+    async def probe_store(self, within_s: float) -> bool:
+        """Whether the store answers a PING within ``within_s`` now and, woken by it, the
+        election then completes a round within ``within_s`` more (measured on the clock). The
+        readiness probe calls it when the store seemed in trouble: the election may be waiting
+        out its backoff."""
+        elector, began = self.elector, self.clock.monotonic()
+        try:
+            async with asyncio.timeout(within_s):
+                await self.store.ping()
+        except Exception:  # whatever the client raises (a cluster's RedisClusterException too)
+            return False
+        elector.retry_now()
+        deadline = self.clock.monotonic() + within_s
+        while not (elector.failures == 0 and (elector.last_success_at or -math.inf) >= began):
+            left_s = deadline - self.clock.monotonic()
+            if left_s <= 0:
+                return False
+            await self.clock.sleep(min(PROBE_POLL_S, left_s))
+        return True
 
     @property
     def election_task(self) -> asyncio.Task[None] | None:
