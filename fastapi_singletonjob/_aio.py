@@ -170,7 +170,7 @@ async def wait_all(
 
 async def within(call: Awaitable[T], timeout_s: float) -> T:
     """Await ``call`` for at most ``timeout_s`` seconds (``TimeoutError`` after that): the
-    one way the engine bounds a call. A cancel of the caller is never swallowed (on Python <
+    one way the library bounds a call. A cancel of the caller is never swallowed (on Python <
     3.12, ``asyncio.wait_for`` can return the result of a call that completes just as the
     caller is cancelled, and a task being shut down would go on); and as the call runs as a
     task of its own, a cancelled caller waits at most ``UNWIND_S`` for it to unwind, where

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import TextIO
 
 from ._admin import AdminClient, StoreFactory, opened_for_the_call
+from ._aio import within
 from ._clock import SYSTEM_CLOCK
 from ._config.redact import redact_url
 from ._config.settings import Settings
@@ -163,8 +164,7 @@ async def _run(project: _Project, args: argparse.Namespace, out: TextIO) -> int:
     as_json = getattr(args, "json", False)
     if args.command in ("status", "watch"):
         while True:
-            async with asyncio.timeout(timeout_s):
-                view = await project.admin.cluster_status()
+            view = await within(project.admin.cluster_status(), timeout_s)
             if as_json:
                 _say(out, json.dumps(view.model_dump(mode="json")))
             else:
@@ -178,8 +178,7 @@ async def _run(project: _Project, args: argparse.Namespace, out: TextIO) -> int:
     if args.command == "checkpoint":
         return await _checkpoint(project, args.job, args.state, as_json, timeout_s, out)
     act, done = _ACTIONS[args.command]
-    async with asyncio.timeout(timeout_s):
-        await act(project.admin, args.job)
+    await within(act(project.admin, args.job), timeout_s)
     if as_json:
         result = {"job": args.job, "action": args.command, "accepted": True}
         _say(out, json.dumps(result))
@@ -192,16 +191,15 @@ async def _checkpoint(
     project: _Project, job: str, with_state: bool, as_json: bool, timeout_s: float, out: TextIO
 ) -> int:
     # Known, here, is what a live node registered or the store holds: the CLI has no jobs.
-    async with asyncio.timeout(timeout_s):
-        view = await project.admin.cluster_status()
+    view = await within(project.admin.cluster_status(), timeout_s)
     if job not in {x.name for x in view.jobs}:
         known = ", ".join(x.name for x in view.jobs) or "none"
         raise JobNotFound(
             f"no job named {job!r} is registered by a live node or stored; known jobs: {known}",
             field="job",
         )
-    async with project.stores() as store, asyncio.timeout(timeout_s):
-        checkpoint = await store.read_checkpoint(job)
+    async with project.stores() as store:
+        checkpoint = await within(store.read_checkpoint(job), timeout_s)
     if checkpoint is None:
         _say(out, "null" if as_json else f"job {job!r} has no checkpoint")
         return EXIT_OK

@@ -210,8 +210,7 @@ class Engine:
         out its backoff."""
         elector, began = self.elector, self.clock.monotonic()
         try:
-            async with asyncio.timeout(within_s):
-                await self.store.ping()
+            await within(self.store.ping(), within_s)
         except Exception:  # whatever the client raises (a cluster's RedisClusterException too)
             return False
         elector.retry_now()

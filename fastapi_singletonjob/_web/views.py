@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 from datetime import UTC, datetime, timedelta
 
+from .._aio import within
 from .._checkpoint import Checkpoint
 from .._engine.snapshot import EngineSnapshot
 from .._lock_value import node_of, parse_lock_value, shown_lock_value
@@ -85,8 +86,7 @@ async def add_checkpoints(source: StatusSource, statuses: list[JobStatus]) -> No
 
 
 async def _read_checkpoint(source: StatusSource, job: str) -> Checkpoint | None:
-    async with asyncio.timeout(CHECKPOINT_READ_S):
-        return await source.checkpoint(job)
+    return await within(source.checkpoint(job), CHECKPOINT_READ_S)
 
 
 def _store_status(source: StatusSource, snap: EngineSnapshot | None) -> StoreStatus:

@@ -4,12 +4,12 @@ are encoded in ``_store.records``, the record itself in ``_checkpoint``."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from redis.exceptions import ReadOnlyError, ResponseError
 
+from ..._aio import within
 from ..._checkpoint import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     Checkpoint,
@@ -121,8 +121,7 @@ class RedisCheckpoints:
         """Await ``call``; ``ConnectionError`` past ``timeout_s``, ``StoreReadOnly`` from a
         replica (see ``Topology.read_only``)."""
         try:
-            async with asyncio.timeout(timeout_s):
-                return await call
+            return await within(call, timeout_s)
         except TimeoutError as exc:
             raise ConnectionError(
                 f"Redis at {self._topology.shown} did not {what} within {timeout_s:g}s"

@@ -5,11 +5,11 @@ election reads the controls and keeps the membership inside its own ``ELECT`` ca
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from ..._aio import within
 from ..._checkpoint import checked
 from .. import keys as _keys
 from ..base import DEFAULT_CONTROL_TIMEOUT_S, ClusterData, JobData
@@ -44,8 +44,9 @@ class RedisControls:
     ) -> bool:
         """See ``Store.set_control``: one ``CONTROL`` script call."""
         keys = [_keys.project_key(self._project, "controls")]
-        async with asyncio.timeout(timeout_s):
-            changed = await self._script(keys=keys, args=[self._channel, field, value or ""])
+        changed = await within(
+            self._script(keys=keys, args=[self._channel, field, value or ""]), timeout_s
+        )
         return int(changed) == 1
 
     async def leave(self, membership: Membership) -> None:
@@ -64,8 +65,7 @@ class RedisControls:
         self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> ClusterData:
         """See ``Store.read_cluster``: two pipelines."""
-        async with asyncio.timeout(timeout_s):
-            return await self._read_cluster(list(jobs))
+        return await within(self._read_cluster(list(jobs)), timeout_s)
 
     async def _read_cluster(self, extra: list[str]) -> ClusterData:
         project, client = self._project, self._topology.calls

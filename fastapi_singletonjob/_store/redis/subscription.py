@@ -3,9 +3,9 @@ own, on the topology's pub/sub, checked by echoes that ``elect`` publishes and b
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable
 
+from ..._aio import within
 from ..._clock import Clock
 from ..base import DEFAULT_KEEPALIVE_S, ReleaseListener, parse_notice
 from .topology import Topology
@@ -122,8 +122,7 @@ class ReleaseSubscription:
     async def _within(self, what: str, call: Awaitable[object], timeout_s: float) -> None:
         """Await a call of the release subscription; ``ConnectionError`` past ``timeout_s``."""
         try:
-            async with asyncio.timeout(timeout_s):
-                await call
+            await within(call, timeout_s)
         except TimeoutError as exc:
             raise ConnectionError(
                 f"the release subscription to {self._topology.shown} could not {what} within "
