@@ -1,4 +1,4 @@
-"""Redis Sentinel given as a URL: its form, its validation, and the store built on it.
+"""Redis Sentinel given as a URL: its form and its validation.
 
     redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]
         [?sentinel_password=...&sentinel_username=...]
@@ -9,9 +9,9 @@ out). The user info is for the primary; the sentinels get no credentials unless
 ``sentinel_password`` (and ``sentinel_username``) are given, as they usually have an ACL of
 their own. Every credential is percent-encoded, and redacted wherever the URL is shown.
 
-The store is the plain Redis store on a client from redis-py's ``Sentinel(...).master_for()``:
-its connections ask the sentinels for the primary whenever they connect, so after a failover
-the next connection reaches the promoted replica.
+The store built on it (``_store.redis.sentinel``) is the Redis store on a client from redis-py's
+``Sentinel(...).master_for()``: its connections ask the sentinels for the primary whenever they
+connect, so after a failover the next connection reaches the promoted replica.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A consistent, read-only picture of a running engine, as data only: ``Engine.snapshot``
 assembles it from the query methods of the engine's parts, and the status API and the probes
-(``_web/status.py``) build everything from it.
+(``_web/views.py``, ``_web/health.py``) build everything from it.
 
 Taken synchronously on the event loop, so it never mixes state from before and after a
 leadership change.

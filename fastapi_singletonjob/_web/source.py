@@ -1,6 +1,6 @@
-"""What the web layer reads and calls, as Protocols: ``SingletonJobs`` satisfies them
-structurally, so nothing in ``_web`` imports it (or the engine), and a test can serve the
-routers from a double.
+"""What the web layer reads and calls, as Protocols: a ``SingletonJobs`` satisfies them
+structurally (``AdminActions``) or through its ``StatusView`` (``StatusSource``), so nothing
+in ``_web`` imports it (or the engine), and a test can serve the routers from a double.
 """
 
 from __future__ import annotations
