@@ -72,7 +72,9 @@ __all__ = [
 # the fence key was lost (restart without persistence, FLUSHALL) as long as the server clock
 # does not step back. The acquisition writes use pcall: when Redis refuses writes (OOM under
 # noeviction), held locks are still renewed (PEXPIRE is allowed) and only that job reports it;
-# the membership writes use pcall too, so that a full Redis never fails the election.
+# the membership writes use pcall too, so that a full Redis never fails the election. Expired
+# records are deleted a thousand at a time: Lua's unpack() takes at most about 8,000 values, and a
+# fleet that reconnects after an outage may leave more than that expiring together.
 ELECT = """
 local owner = ARGV[1]
 local t = redis.call('TIME')
@@ -91,8 +93,11 @@ if ARGV[3] ~= '' then
   end
   local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now_ms)
   if #gone > 0 then
-    redis.call('HDEL', KEYS[1], unpack(gone))
-    redis.call('HDEL', KEYS[4], unpack(gone))
+    for first = 1, #gone, 1000 do
+      local last = math.min(first + 999, #gone)
+      redis.call('HDEL', KEYS[1], unpack(gone, first, last))
+      redis.call('HDEL', KEYS[4], unpack(gone, first, last))
+    end
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
     redis.pcall('HINCRBY', KEYS[4], '#epoch', 1)
   end
