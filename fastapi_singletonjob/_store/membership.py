@@ -17,12 +17,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from .._checkpoint import digits
 from .._version import __version__
 
 __all__ = ["VERSION", "MemberRecord", "Membership", "jobs_digest"]
 
 logger = logging.getLogger("fastapi_singletonjob.membership")
 
+
+_JOINED_DIGITS = 15
+"""A placement entry's join time: server ms since the epoch, up to 15 digits (year 33658)."""
 
 VERSION = __version__
 """The library's version, as this node announces it."""
@@ -103,6 +107,8 @@ class Membership:
         self.left = False
         """Set when the node leaves (a graceful stop): election calls no longer keep the
         record, so that the others see the leave before this node releases its locks."""
+        self._odd: set[str] = set()
+        """Owners whose placement entry did not parse, already logged."""
 
     def placed(self, server_ms: int, epoch: str, flat: Sequence[str]) -> None:
         """Apply a call's placement part: the server time, the epoch, and the placement
@@ -112,10 +118,20 @@ class Membership:
             return
         peers = {}
         for owner, value in zip(flat[::2], flat[1::2], strict=True):
-            joined, sep, digest = value.partition("|")
-            if owner.startswith("#") or not sep or not joined.isdigit():
+            if owner.startswith("#"):
                 continue
-            peers[owner] = (int(joined), digest)
+            entry = _placement_entry(value)
+            if entry is not None:
+                peers[owner] = entry
+            elif owner not in self._odd:  # logged once per entry
+                self._odd.add(owner)
+                logger.warning(
+                    "the placement entry of %r holds %r, not one this library writes: it is "
+                    "left out of placement (delete that field of the nodes:placement hash to "
+                    "drop it)",
+                    owner[:100],
+                    value[:40],
+                )
         self.epoch, self.peers = epoch, peers
 
     @property
@@ -130,3 +146,13 @@ class Membership:
     def confirmed(self, present: bool) -> None:
         """Apply a call's answer: ``present`` is False when the store lost the record."""
         self.stored = present
+
+
+def _placement_entry(value: str) -> tuple[int, str] | None:
+    """``"<joined, server ms>|<jobs digest>"`` parsed, or None for anything else (a value
+    written by hand or by another tool: no ``|``, non-ASCII digits, a huge number)."""
+    joined, sep, digest = value.partition("|")
+    try:
+        return (digits(joined, _JOINED_DIGITS), digest) if sep else None
+    except ValueError:
+        return None

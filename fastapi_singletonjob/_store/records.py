@@ -5,15 +5,17 @@ the same records."""
 
 from __future__ import annotations
 
+import logging
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 
-from .._checkpoint import MAX_ERROR_CHARS, FinishedRun, to_unix_us
+from .._checkpoint import MAX_ERROR_CHARS, FinishedRun, digits, to_unix_us
 from .._lock_value import MAX_TOKEN
 from .._outcomes import Outcome
 from .membership import MemberRecord
 
 __all__ = [
+    "LAST_INSTANT_US",
     "RUN_FIELDS",
     "job_names",
     "last_us",
@@ -22,6 +24,8 @@ __all__ = [
     "shorten_error",
     "token_text",
 ]
+
+logger = logging.getLogger("fastapi_singletonjob.store")
 
 RUN_FIELDS = (
     "iteration",
@@ -82,9 +86,23 @@ def job_names(members: list[tuple[MemberRecord, datetime]], controls: dict[str, 
     return names
 
 
+LAST_INSTANT_US = to_unix_us(datetime.max.replace(tzinfo=UTC))
+"""The latest instant a ``last`` key can name and still be shown (9999-12-31, µs)."""
+
+
 def last_us(raw: str | None) -> int | None:
-    """A job's last claimed instant (µs) from its ``last`` key, None when it has none."""
+    """A job's last claimed instant (µs) from its ``last`` key, None when it has none, or when
+    what it holds is not an instant this library writes (written by hand or by another tool:
+    non-ASCII digits, a number past year 9999, text), which is logged at DEBUG: the next claim
+    or release of the job replaces it."""
     if not raw:
         return None
     head = raw.partition(":")[0]
-    return int(head) if head.isdigit() else None
+    try:
+        instant = digits(head, len(str(LAST_INSTANT_US)))
+    except ValueError:
+        instant = LAST_INSTANT_US + 1
+    if instant > LAST_INSTANT_US:
+        logger.debug("a last key holds %r, not an instant: read as none", raw[:40])
+        return None
+    return instant
