@@ -555,6 +555,25 @@ BAD_JOBS = [
         ),
         id="cron-timezone-not-str",
     ),
+    # Fields croniter draws a value for: replicas would disagree (issue 27, item 6).
+    *[
+        pytest.param(
+            BadJob(
+                "expression",
+                "daily",
+                (f"expression={expression!r}", f"{drawn!r} in its {field} field", why, fix),
+                _call("cron", "daily", expression),
+            ),
+            id=f"cron-{expression}",
+        )
+        for expression, drawn, field, why, fix in [
+            ("R 3 * * *", "R", "minute", "random", "expression='0 3 * * *'"),
+            ("0 r(2-5) * * *", "r(2-5)", "hour", "random", "expression='0 2 * * *'"),
+            ("*/5 * * * * R", "R", "second", "random", "expression='*/5 * * * * 0'"),
+            ("H 3 * * *", "H", "minute", "hashed", "expression='0 3 * * *'"),
+            ("H(0-29)/10 * * * *", "H(0-29)/10", "minute", "hashed", "'0-29/10 * * * *'"),
+        ]
+    ],
     pytest.param(
         BadJob(
             "on_leadership_lost",
