@@ -234,7 +234,8 @@ class Cron:
     ``expression`` has 5 fields (minute hour day month weekday) or 6, where the 6th field is
     SECONDS at the end (croniter's convention: ``"*/10 * * * * 30"`` fires at second 30 of every
     10th minute). croniter's aliases (``@daily``, ``@hourly``, ...) work; 7-field (year)
-    expressions and fields croniter draws (``R``, ``H``) do not. Across daylight-saving changes (Vixie cron's rule):
+    expressions and fields croniter draws (``R``, ``H``) do not. Across daylight-saving
+    changes (Vixie cron's rule):
 
     - spring forward: a job whose time falls in the skipped hour runs once, when it ends;
     - fall back: a job whose hour field starts with ``*`` (``*``, ``*/2``) keeps real-time
