@@ -4,6 +4,12 @@ nodes' membership records and the stored keys.
 
 Exit codes: 0 done; 2 bad usage or configuration (argparse's own code too); 3 Redis did not
 answer; 4 no such job; 1 anything else (a bug: reported in one line, no traceback).
+
+What it prints comes from Redis (job names, node ids, errors, states), which anything that can
+write the project's keys controls: every control character and other non-printable one in it
+is written escaped (``\x1b``, ``\u202e``), never raw, so stored text cannot move the cursor,
+retitle the window or write the clipboard of the operator's terminal. ``--json`` output is
+ASCII with every control character escaped by ``json.dumps``.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -69,6 +76,34 @@ class _Project:
         return cls(settings.project, redact_url(settings.redis_url or ""), stores, admin)
 
 
+MIN_WATCH_INTERVAL_S = 0.1
+"""The shortest refresh of ``watch``: each one reads the whole cluster view from Redis."""
+
+
+def _seconds(text: str) -> float:
+    """An argparse ``type``: a positive, finite number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a finite number of seconds above 0, such as 5"
+        )
+    return seconds
+
+
+def _watch_interval(text: str) -> float:
+    """An argparse ``type``: seconds between refreshes, at least ``MIN_WATCH_INTERVAL_S``."""
+    seconds = _seconds(text)
+    if seconds < MIN_WATCH_INTERVAL_S:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is below {MIN_WATCH_INTERVAL_S:g}s: each refresh reads the whole "
+            f"cluster from Redis; use {MIN_WATCH_INTERVAL_S:g} or more, such as 2"
+        )
+    return seconds
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # Accepted before and after the command; SUPPRESS keeps a later default from erasing an
@@ -86,9 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=argparse.SUPPRESS,
-        help=f"seconds to wait for Redis (default {DEFAULT_CONTROL_TIMEOUT_S:g})",
+        help=f"seconds to wait for Redis, above 0 (default {DEFAULT_CONTROL_TIMEOUT_S:g})",
     )
     parser = argparse.ArgumentParser(
         prog="singletonjob",
@@ -100,7 +135,12 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("status", parents=[common], help="nodes and jobs, as a table")
     watch = commands.add_parser("watch", parents=[common], help="the status, refreshed")
-    watch.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    watch.add_argument(
+        "--interval",
+        type=_watch_interval,
+        default=2.0,
+        help=f"seconds between refreshes, at least {MIN_WATCH_INTERVAL_S:g} (default 2)",
+    )
     for name, help_text in (
         ("pause", "pause a job cluster-wide (survives restarts)"),
         ("resume", "resume a paused job"),
@@ -224,8 +264,26 @@ async def _checkpoint(
 
 
 def _say(stream: TextIO, text: str) -> None:
-    stream.write(text + "\n")
+    """Write one line; what came from Redis in it is escaped (``printable``)."""
+    stream.write(printable(text) + "\n")
     stream.flush()
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable escaped as Python writes it in a
+    string literal (``\x1b``, ``\x7f``, ``\x9b``, ``\u202e``, ``\n``): C0 and C1 controls,
+    DEL, line and paragraph separators, format characters such as bidirectional overrides.
+    Plain spaces stay."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _when(value: object) -> str:
@@ -244,6 +302,7 @@ def _ago(now: datetime, then: datetime | None) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
@@ -275,7 +334,7 @@ def render(view: ClusterStatus) -> str:
             )
         )
     return (
-        f"project {view.project!r} at {now.isoformat()}\n\n"
+        f"project {printable(repr(view.project))} at {now.isoformat()}\n\n"
         + _table(("NODE", "VERSION", "STARTED", "LAST SEEN", "LEADS"), nodes)
         + "\n"
         + _table(("JOB", "SCHEDULE", "LEADER", "LEASE LEFT", "PAUSED", "LAST RUN", "OUTCOME"), jobs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
@@ -49,6 +50,12 @@ _VALIDATION_ANCHOR = datetime(2000, 1, 1, tzinfo=_UTC)
 # Bounds the skip loop in Cron.next_fire. The longest repeated hour is 2 h (Antarctica/Troll);
 # a fixed-hour job firing every second has 7,200 candidates in it to skip.
 _MAX_CRON_CANDIDATES = 10_000
+_DRAWN_FIELD = re.compile(r"(?P<kind>[HhRr])(?:\((?P<range>\d+-\d+)\))?(?P<step>/\d+)?")
+"""A field croniter draws a value for (its ``hash_expression_re``): ``R`` (random) or ``H``
+(hashed), with an optional ``(a-b)`` range and ``/step``. It matches whole fields only, as
+croniter does: any other use of those letters is not a cron field, and croniter refuses it."""
+_CRON_FIELDS = ("minute", "hour", "day", "month", "weekday", "second")
+_CRON_FIELD_MIN = (0, 0, 1, 1, 0, 0)
 _CRON_HELP = (
     "(5 fields: minute hour day month weekday, optional 6th field seconds); "
     "see https://crontab.guru"
@@ -227,7 +234,8 @@ class Cron:
     ``expression`` has 5 fields (minute hour day month weekday) or 6, where the 6th field is
     SECONDS at the end (croniter's convention: ``"*/10 * * * * 30"`` fires at second 30 of every
     10th minute). croniter's aliases (``@daily``, ``@hourly``, ...) work; 7-field (year)
-    expressions do not. Across daylight-saving changes (Vixie cron's rule):
+    expressions and fields croniter draws (``R``, ``H``) do not. Across daylight-saving
+    changes (Vixie cron's rule):
 
     - spring forward: a job whose time falls in the skipped hour runs once, when it ends;
     - fall back: a job whose hour field starts with ``*`` (``*``, ``*/2``) keeps real-time
@@ -246,6 +254,7 @@ class Cron:
     def __post_init__(self) -> None:
         expression = _require_str("expression", self.expression, "'0 3 * * *'")
         zone_name = _require_str("timezone", self.timezone, "'Europe/Berlin'")
+        _require_deterministic(expression)
         try:
             fields = croniter(expression, _VALIDATION_ANCHOR).expressions
         except CroniterError as exc:
@@ -305,6 +314,44 @@ class Cron:
 
     def __str__(self) -> str:
         return f'cron "{self.expression}" {self.timezone}'
+
+
+def _require_deterministic(expression: str) -> None:
+    """Refuse the fields whose value croniter draws instead of reading it: every replica must
+    compute the same instants, and ``next_fire`` must give the same answer each time.
+
+    ``R`` is drawn at random each time an expression is read (``next_fire`` reads it at every
+    call), so replicas, and the calls of one replica, disagree. ``H`` is derived from a hash
+    id by a formula that croniter has changed between releases, so replicas on different
+    versions would disagree during a rolling upgrade; the fix, a value written out, is as
+    easy as it is safe."""
+    fields = expression.split()
+    for index, text in enumerate(fields):
+        drawn = _DRAWN_FIELD.fullmatch(text)
+        if drawn is None or index >= len(_CRON_FIELDS):
+            continue
+        name = _CRON_FIELDS[index]
+        # Written out: H(a-b)/s -> a-b/s, H(a-b) -> a, H/s -> first/s, H -> first.
+        span, step = drawn["range"], drawn["step"] or ""
+        if span is None:
+            value = f"{_CRON_FIELD_MIN[index]}{step}"
+        else:
+            value = span + step if step else span.partition("-")[0]
+        example = " ".join(value if i == index else f for i, f in enumerate(fields))
+        if drawn["kind"] in "Rr":
+            why = (
+                "croniter's random value (R), drawn anew each time the expression is read: "
+                "replicas, and each next fire time, would disagree"
+            )
+        else:
+            why = (
+                "croniter's hashed value (H), derived by a formula that has changed between "
+                "croniter releases: replicas on different versions would disagree"
+            )
+        raise ValueError(
+            f"expression={expression!r} has {text!r} in its {name} field, which is {why}; "
+            f"write the {name} to run at, e.g. expression={example!r}"
+        )
 
 
 def _is_second_of_repeated(moment: datetime, zone: ZoneInfo) -> bool:

@@ -555,6 +555,25 @@ BAD_JOBS = [
         ),
         id="cron-timezone-not-str",
     ),
+    # Fields croniter draws a value for: replicas would disagree (issue 27, item 6).
+    *[
+        pytest.param(
+            BadJob(
+                "expression",
+                "daily",
+                (f"expression={expression!r}", f"{drawn!r} in its {field} field", why, fix),
+                _call("cron", "daily", expression),
+            ),
+            id=f"cron-{expression}",
+        )
+        for expression, drawn, field, why, fix in [
+            ("R 3 * * *", "R", "minute", "random", "expression='0 3 * * *'"),
+            ("0 r(2-5) * * *", "r(2-5)", "hour", "random", "expression='0 2 * * *'"),
+            ("*/5 * * * * R", "R", "second", "random", "expression='*/5 * * * * 0'"),
+            ("H 3 * * *", "H", "minute", "hashed", "expression='0 3 * * *'"),
+            ("H(0-29)/10 * * * *", "H(0-29)/10", "minute", "hashed", "'0-29/10 * * * *'"),
+        ]
+    ],
     pytest.param(
         BadJob(
             "on_leadership_lost",
@@ -1156,3 +1175,70 @@ def test_errors_for_arguments_do_not_mention_the_environment() -> None:
         build(heartbeat_interval=-1)
     assert str(caught.value).startswith("heartbeat_interval=-1 must be")
     assert "SINGLETONJOB_" not in str(caught.value)
+
+
+# -- redis_url query parameters (issue 27, item 7) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "fragments"),
+    [
+        (
+            "redis://127.0.0.1:6379/0?socket_timout=1",
+            ("socket_timout=", "Connection does not take", "did you mean socket_timeout="),
+        ),
+        (
+            "unix:///run/redis.sock?db=1&socket_conect_timeout=1",
+            ("socket_conect_timeout=", "did you mean socket_connect_timeout="),
+        ),
+        (
+            "redis://127.0.0.1:6379/0?ssl_cert_reqs=none",
+            ("TLS parameter ssl_cert_reqs=", "use rediss://"),
+        ),
+        (
+            "redis+cluster://10.0.0.1:7000,10.0.0.2:7000/?healthcheck_interval=5",
+            ("RedisCluster does not take", "did you mean health_check_interval="),
+        ),
+        (
+            "redis+cluster://10.0.0.1:7000/?ssl_ca_certs=/ca.pem",
+            ("TLS parameter ssl_ca_certs=", "use rediss+cluster://"),
+        ),
+        # A '&' typed unescaped in a password: the rest must not be quoted.
+        (
+            "redis://127.0.0.1:6379/0?password=s3cr&Tpart=x9",
+            ("redis://127.0.0.1:6379/0?password=***&***", "its name is not shown", "%26"),
+        ),
+        (
+            "redis://127.0.0.1:6379/0?db=0&Zq9!wX=1",
+            ("its name is not shown", "socket_timeout"),
+        ),
+    ],
+)
+def test_an_unknown_url_parameter_fails_when_the_settings_are_built(
+    url: str, fragments: tuple[str, ...]
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        build(redis_url=url)
+    message = str(caught.value)
+    assert caught.value.field == "redis_url"
+    assert message.startswith("redis_url='")
+    for fragment in fragments:
+        assert fragment in message, message
+    for secret in ("s3cr", "Tpart", "Zq9"):
+        assert secret not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0?socket_timeout=1&socket_connect_timeout=2&client_name=web",
+        "redis://:pw@127.0.0.1:6379/3?health_check_interval=5&protocol=3&socket_keepalive=true",
+        "rediss://127.0.0.1:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/ca.pem&ssl_password=x",
+        "unix:///run/redis.sock?db=2&socket_timeout=1",
+        "redis+cluster://10.0.0.1:7000,10.0.0.2:7000/?socket_timeout=1",
+        "rediss+cluster://10.0.0.1:7000/?ssl_ca_certs=/ca.pem&ssl_check_hostname=false",
+        "redis+sentinel://s1:26379,s2/mymaster/0?sentinel_password=pw",
+    ],
+)
+def test_known_url_parameters_are_accepted(url: str) -> None:
+    build(redis_url=url)

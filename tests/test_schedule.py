@@ -429,6 +429,9 @@ def test_cron_strictly_after_inside_the_repeated_hour(
         ({"expression": "0 0 31 2 *"}, "expression", "'0 0 31 2 *'", "never fires"),
         ({"expression": "0 0 1 1 * 0 2026"}, "expression", "'0 0 1 1 * 0 2026'", "7 fields"),
         ({"expression": 5}, "expression", "5", "must be a string"),
+        ({"expression": "R 3 * * *"}, "expression", "'R 3 * * *'", "random value (R)"),
+        ({"expression": "0 3 * * R"}, "expression", "'0 3 * * R'", "weekday field"),
+        ({"expression": "H/15 * * * *"}, "expression", "'H/15 * * * *'", "'0/15 * * * *'"),
         (
             {"expression": "0 3 * * *", "timezone": "Mars/Olympus"},
             "timezone",
@@ -522,3 +525,12 @@ def test_user_classes_are_schedules() -> None:
     assert not isinstance(NotASchedule(), Schedule)
     for builtin in (Interval(1), FixedRate(1), Cron("* * * * *")):
         assert isinstance(builtin, Schedule)
+
+
+def test_every_cron_expression_accepted_gives_one_answer() -> None:
+    """What replicas compute must not depend on a draw: ``next_fire`` of an accepted
+    expression is the same on every call (``R`` was drawn anew at each one)."""
+    after = datetime(2026, 12, 1, tzinfo=UTC)
+    for expression in ("0 3 * * *", "*/7 1-5 * * mon-fri", "@daily", "0 0 L * *"):
+        schedule = Cron(expression)
+        assert len({schedule.next_fire(after) for _ in range(20)}) == 1, expression

@@ -16,6 +16,7 @@ from redis.asyncio.connection import parse_url
 
 from .._errors import ConfigurationError
 from .cluster_url import CLUSTER_SCHEMES, cluster_url_problem, seed_urls
+from .url_params import query_param_problem
 
 __all__ = ["REDACTED", "URL_SCHEMES", "check_redis_url", "redact_url"]
 
@@ -149,6 +150,9 @@ def check_redis_url(url: object) -> None:
             field="redis_url",
         )
     problem = cluster_url_problem(url) if cluster else None
+    if problem is None:
+        first_seed = seed_urls(url)[0] if cluster else url  # the seeds share the query
+        problem = query_param_problem(first_seed, cluster=cluster)
     if problem is not None:
         raise ConfigurationError(f"redis_url={shown!r} {problem}", field="redis_url")
 
