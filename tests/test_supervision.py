@@ -10,6 +10,7 @@ import logging
 from datetime import datetime
 
 import pytest
+from test_router import PREFIX, get_json, make_app, serve
 from test_runner import Factory, clock, engine, make
 
 from fastapi_singletonjob import SingletonJobs
@@ -133,3 +134,41 @@ async def test_a_shutdown_is_no_death(make: Factory, clock: FakeClock) -> None:
     assert node.snapshot().failed_tasks == {}
     for task in TASKS:
         assert not [t for t in asyncio.all_tasks() if t.get_name() == f"singletonjob a {task}"]
+
+
+LIVENESS_REASONS = {
+    "election": "the election loop has stopped",
+    "timer": "the timer has stopped",
+    "release listener": (
+        "the background task 'singletonjob a release listener' failed: CancelledError()"
+    ),
+    "deadline watchdog": (
+        "the background task 'singletonjob a deadline watchdog' failed: CancelledError()"
+    ),
+}
+
+
+@pytest.mark.parametrize("task", TASKS)
+async def test_liveness_names_a_killed_task(task: str, clock: FakeClock) -> None:
+    """The whole path, through the router a deployment mounts: any library task killed turns
+    ``/health/live`` 503, naming the task."""
+    jobs = SingletonJobs(
+        "memory://supervision-live",
+        project="live",
+        node_id="a",
+        clock=clock,
+        heartbeat_interval=1.0,
+        lock_expiry=3.0,
+    )
+
+    @jobs.interval("tick", every=1.0)
+    async def tick() -> None:
+        pass
+
+    async with serve(make_app(jobs)) as client:
+        await clock.advance(2.0)
+        assert (await get_json(client, f"{PREFIX}/health/live"))["status"] == "ok"
+        task_named(f"singletonjob a {task}").cancel()
+        await clock.advance(1.0)
+        live = await get_json(client, f"{PREFIX}/health/live", 503)
+    assert (live["status"], live["reason"]) == ("unavailable", LIVENESS_REASONS[task])
