@@ -8,13 +8,25 @@ field                  content
 =====================  ====================================================================
 ``iteration``          successful runs, cluster-wide (``HINCRBY``: exact up to 2^63 - 1)
 ``last_scheduled_us``  the last recorded run's tick or cron instant, µs since the epoch
-``last_completed_us``  when that run ended, µs since the epoch (whatever its outcome)
+``last_completed_us``  when that run ended (whatever its outcome), µs since the epoch, on
+                       the store's clock: Redis ``TIME`` as ``RECORD_RUN`` writes it
 ``last_outcome``       ``success``, ``failed``, ``timeout`` or ``cancelled`` (``Outcome``)
 ``last_error``         its error, at most ``MAX_ERROR_CHARS`` characters; none after a success
 ``node_id``            the node that wrote last
 ``fencing_token``      the term that wrote last
 ``state``              the job's state: the JSON text ``encode_state`` made, byte for byte
 =====================  ====================================================================
+
+Which clock each time is on. ``last_completed_us`` is the store's, never a node's: the
+server's ``TIME`` when ``RECORD_RUN`` records the run (the memory store: its clock's
+``now()``), a few milliseconds after the run's end on the node. A new leader of an interval
+job measures the time since it on that clock too (``Store.load_checkpoint`` reads the
+server's time with the record), so the handover keeps the job's spacing whatever the nodes'
+wall clocks say. ``last_scheduled_us`` is the run's instant as its node saw it: for cron
+and custom jobs (whose ``misfire`` policy a new leader applies from it) an instant claimed
+against the server's clock, which ``CLAIM`` refuses more than a second
+(``_store.base.DEFAULT_MAX_AHEAD_US``) ahead of it; for fixed-rate and interval jobs the
+node's grid instant or start, shown but never acted on.
 
 A hash of strings rather than one JSON document, because Lua's cjson would round µs times
 (16 digits) and tokens to 14 significant digits and cannot tell ``[]`` from ``{}``; as
@@ -92,7 +104,8 @@ ITERATION_DIGITS = 18  # HINCRBY's 64 bits; the scripts repair a longer count th
 
 @dataclass(frozen=True, slots=True)
 class FinishedRun:
-    """A run to record in its job's checkpoint, fenced by its term (``record_run``)."""
+    """A run to record in its job's checkpoint, fenced by its term (``record_run``). Its end
+    is not in it: the store stamps the record with its own clock when it writes it."""
 
     job: str
     token: int
@@ -100,7 +113,6 @@ class FinishedRun:
     node_id: str
     outcome: Outcome
     scheduled_at: datetime
-    completed_at: datetime
     error: str | None
     """What the run raised, in a line; cut to ``MAX_ERROR_CHARS`` when stored."""
     retention_s: float
@@ -128,7 +140,8 @@ class Checkpoint:
     """Successful runs of the job, cluster-wide, across restarts and leaders (0 while the first
     run has only saved state)."""
     last_completed_at: datetime | None = None
-    """When the last recorded run ended (UTC), whatever its outcome."""
+    """When the last recorded run ended (UTC), whatever its outcome, by the store's clock
+    (Redis ``TIME`` when the run was recorded), not by the clock of the node that ran it."""
     last_scheduled_at: datetime | None = None
     """The tick or cron instant of that run (UTC)."""
     last_outcome: str | None = None

@@ -39,12 +39,15 @@ from fastapi_singletonjob._store import keys as _keys
 from fastapi_singletonjob._store.base import LeaseRequest, Store
 from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob._store.redis.store import RedisLeaseStore
+from fastapi_singletonjob.testing import FakeClock
 
 JOB = "export"
 TTL_S = 5.0
 RETENTION_S = 7 * 24 * 3600.0
 SCHEDULED = datetime(2024, 5, 17, 3, 0, 0, 123457, tzinfo=UTC)
-COMPLETED = SCHEDULED + timedelta(seconds=1, microseconds=1)
+CLOCKS_APART = timedelta(seconds=2)
+"""How far the store's clock (this host's: a local redis-server, or the system clock) may be
+from the test's reading of it around a call, on a busy machine."""
 
 
 @dataclass
@@ -99,8 +102,7 @@ async def record(
     at: datetime = SCHEDULED,
     retention_s: float = RETENTION_S,
 ) -> Checkpoint | None:
-    completed = at + (COMPLETED - SCHEDULED)
-    run = FinishedRun(JOB, token, node, outcome, at, completed, error, retention_s)
+    run = FinishedRun(JOB, token, node, outcome, at, error, retention_s)
     return await store.record_run(run)
 
 
@@ -123,11 +125,14 @@ async def test_no_checkpoint_before_the_first_run(case: Case) -> None:
 async def test_the_first_run_creates_iteration_1(case: Case) -> None:
     token = await new_term(case.store, "n1")
 
+    before = datetime.now(UTC)
     written = await record(case.store, token)
 
+    assert written is not None and written.last_completed_at is not None
+    assert before - CLOCKS_APART <= written.last_completed_at <= datetime.now(UTC) + CLOCKS_APART
     assert written == Checkpoint(
         iteration=1,
-        last_completed_at=COMPLETED,
+        last_completed_at=written.last_completed_at,
         last_scheduled_at=SCHEDULED,
         last_outcome="success",
         last_error=None,
@@ -171,7 +176,8 @@ async def test_a_run_that_did_not_succeed_keeps_iteration_and_state(
     assert stored is not None and stored.state == {"after_id": 41}
     assert written.last_outcome == outcome.value
     assert written.last_scheduled_at == later
-    assert written.last_completed_at == later + (COMPLETED - SCHEDULED)
+    assert written.last_completed_at is not None
+    assert abs(written.last_completed_at - datetime.now(UTC)) <= CLOCKS_APART
     assert written.last_error is not None
     assert len(written.last_error) == MAX_ERROR_CHARS
     assert written.last_error == error[: MAX_ERROR_CHARS - 1] + "\u2026"
@@ -303,6 +309,34 @@ async def test_save_state_before_the_first_run_ends_starts_at_iteration_0(case: 
     assert after is not None and after.state == {"after_id": 7}
 
 
+async def test_a_run_is_stamped_and_read_on_the_stores_clock(case: Case) -> None:
+    token = await new_term(case.store, "n1")
+    assert (await case.store.load_checkpoint(JOB))[0] is None
+    before = datetime.now(UTC)
+
+    written = await record(case.store, token, at=SCHEDULED)  # the writer's instant: 2024
+    read, store_now = await case.store.load_checkpoint(JOB)
+
+    assert read == written and read is not None and read.last_completed_at is not None
+    assert before - CLOCKS_APART <= read.last_completed_at <= store_now
+    assert abs(store_now - datetime.now(UTC)) <= CLOCKS_APART
+    assert store_now.tzinfo == UTC
+
+
+async def test_the_memory_store_stamps_and_reads_its_clocks_now(unique_project: str) -> None:
+    clock = FakeClock(SCHEDULED)
+    store = MemoryLeaseStore(unique_project, clock)
+    token = await new_term(store, "n1")
+    await clock.advance(2.5)
+
+    written = await record(store, token)
+    await clock.advance(1.0)
+
+    assert written is not None
+    assert written.last_completed_at == SCHEDULED + timedelta(seconds=2.5)
+    assert await store.load_checkpoint(JOB) == (written, SCHEDULED + timedelta(seconds=3.5))
+
+
 MOMENTS = {
     "microseconds": datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC),
     "epoch": datetime(1970, 1, 1, tzinfo=UTC),
@@ -314,15 +348,14 @@ MOMENTS = {
 @pytest.mark.parametrize("moment", MOMENTS.values(), ids=MOMENTS.keys())
 async def test_times_round_trip_to_the_microsecond(case: Case, moment: datetime) -> None:
     token = await new_term(case.store, "n1")
-    completed = moment + timedelta(microseconds=1) if moment.year < 9999 else moment
 
     written = await case.store.record_run(
-        FinishedRun(JOB, token, "n1", Outcome.SUCCESS, moment, completed, None, RETENTION_S)
+        FinishedRun(JOB, token, "n1", Outcome.SUCCESS, moment, None, RETENTION_S)
     )
 
     read = await case.store.read_checkpoint(JOB)
     assert written == read and read is not None
-    assert read.last_scheduled_at == moment and read.last_completed_at == completed
+    assert read.last_scheduled_at == moment
     assert read.last_scheduled_at.tzinfo == UTC
 
 
@@ -519,10 +552,14 @@ async def test_redis_layout(
             _keys.job_key(unique_project, JOB, "lock").encode()
         )
         assert client.type(key) == "hash"
-        assert client.hgetall(key) == {
+        fields = client.hgetall(key)
+        seconds, micros = client.time()  # the server's clock stamped the run's end
+        stamp_us = int(fields["last_completed_us"])
+        assert 0 <= seconds * 10**6 + micros - stamp_us < 5 * 10**6
+        assert fields == {
             "iteration": "0",
             "last_scheduled_us": "1715914800123457",
-            "last_completed_us": "1715914801123458",
+            "last_completed_us": str(stamp_us),
             "last_outcome": "failed",
             "last_error": "KeyError: 'x'",
             "node_id": "web-1",
@@ -560,6 +597,8 @@ async def test_redis_one_write_is_one_script_call(
             saved = _calls(client)
             assert await store.read_checkpoint(JOB) is not None
             read = _calls(client)
+            assert (await store.load_checkpoint(JOB))[0] is not None
+            loaded = _calls(client)
             client.config_resetstat()
             started = time.perf_counter()
             for _ in range(runs):
@@ -571,12 +610,17 @@ async def test_redis_one_write_is_one_script_call(
 
     delta = {name: n - before.get(name, 0) for name, n in after.items() if n > before.get(name, 0)}
     assert delta.pop("evalsha") == 1
-    assert set(delta) <= {"get", "type", "hget", "hincrby", "hset", "hdel", "pexpire", "hmget"}
+    assert set(delta) <= {
+        "time",
+        *("get", "type", "hget", "hincrby", "hset", "hdel", "pexpire", "hmget"),
+    }
     delta = {name: n - after.get(name, 0) for name, n in saved.items() if n > after.get(name, 0)}
     assert delta.pop("evalsha") == 1
     assert set(delta) <= {"get", "type", "hget", "hincrby", "hset", "pexpire"}
     delta = {name: n - saved.get(name, 0) for name, n in read.items() if n > saved.get(name, 0)}
     assert delta == {"hgetall": 1}
+    delta = {name: n - read.get(name, 0) for name, n in loaded.items() if n > read.get(name, 0)}
+    assert delta == {"hgetall": 1, "time": 1}  # one pipeline: one round trip
     print(
         f"record_run: 1 round trip, {script['usec_per_call']} µs of script time on the server, "
         f"{elapsed_s / runs * 1e6:.0f} µs per call seen by the client ({runs} calls)"
@@ -604,9 +648,7 @@ async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced
 
             async def run(job: str, token: int) -> Checkpoint | None:
                 return await store.record_run(
-                    FinishedRun(
-                        job, token, "n1", Outcome.SUCCESS, SCHEDULED, COMPLETED, None, RETENTION_S
-                    )
+                    FinishedRun(job, token, "n1", Outcome.SUCCESS, SCHEDULED, None, RETENTION_S)
                 )
 
             written = await asyncio.gather(
@@ -670,7 +712,8 @@ async def test_redis_a_key_of_another_type_reads_as_none_and_is_replaced(
         write(client, key)
         with caplog.at_level(logging.WARNING, "fastapi_singletonjob"):
             assert await store.read_checkpoint(JOB) is None
-        assert "a key of another type than hash" in caplog.text
+            assert (await store.load_checkpoint(JOB))[0] is None
+        assert caplog.text.count("a key of another type than hash") == 2
 
         assert await save(store, token, {"a": []})
         assert client.type(key) == "hash"
@@ -711,7 +754,7 @@ async def test_redis_calls_are_bounded_by_their_timeout(
                 "read the checkpoint": store.read_checkpoint(JOB, timeout_s=0.3),
                 "reset the checkpoint": store.reset_checkpoint(JOB, timeout_s=0.3),
                 "record a run": store.record_run(
-                    FinishedRun(JOB, token, "n1", Outcome.SUCCESS, SCHEDULED, COMPLETED, None, 9.0),
+                    FinishedRun(JOB, token, "n1", Outcome.SUCCESS, SCHEDULED, None, 9.0),
                     timeout_s=0.3,
                 ),
                 "save the state": store.save_state(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +19,8 @@ from fastapi_singletonjob import (
     SingletonJobs,
     UsageError,
 )
+from fastapi_singletonjob._store.base import Store
+from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob.testing import FakeClock
 
 START = datetime(2026, 3, 1, 0, 59, 30, tzinfo=UTC)  # 30 s before 01:00
@@ -278,3 +280,71 @@ async def test_an_interval_jobs_new_leader_waits_out_the_period(
     (a_at,), b_at = [t for n, t in starts if n == "a"], [t for n, t in starts if n == "b"]
     assert b_at and b_at[0] - a_at == pytest.approx(10.0, abs=0.1), "not 1.5 s after a's run"
     assert b_at[1] - b_at[0] == pytest.approx(10.0, abs=0.1)
+
+
+class OffsetClock:
+    """The test's ``FakeClock`` with a wall clock ``offset_s`` off: a node whose time sync is
+    broken. Its monotonic time and sleeps are the fake clock's."""
+
+    def __init__(self, base: FakeClock, offset_s: float) -> None:
+        self._base = base
+        self._offset = timedelta(seconds=offset_s)
+
+    def monotonic(self) -> float:
+        return self._base.monotonic()
+
+    def now(self) -> datetime:
+        return self._base.now() + self._offset
+
+    async def sleep(self, seconds: float) -> None:
+        await self._base.sleep(seconds)
+
+
+class SkewedNode(SingletonJobs):
+    """A node on a skewed clock whose ``memory://`` store keeps the shared fake clock: the
+    store's clock (the server's ``TIME``, on Redis) stays right while the node's is wrong."""
+
+    store_clock: FakeClock
+
+    def _open_store(self) -> Store:
+        assert self.settings.redis_url is not None
+        return MemoryLeaseStore(self.settings.project, self.store_clock, self.settings.redis_url)
+
+
+@pytest.mark.parametrize("offset_s", [86400.0, -86400.0], ids=["a-day-ahead", "a-day-behind"])
+async def test_an_interval_handover_spaces_runs_by_every_whatever_the_old_leaders_clock(
+    make: Factory, clock: FakeClock, request: pytest.FixtureRequest, offset_s: float
+) -> None:
+    starts: list[tuple[str, float]] = []
+    skewed = SkewedNode(
+        f"memory://{abs(hash(request.node.nodeid))}",
+        project="cp",
+        node_id="a",
+        clock=OffsetClock(clock, offset_s),
+        heartbeat_interval=1.0,
+        lock_expiry=3.0,
+        shutdown_timeout=2.0,
+    )
+    skewed.store_clock = clock
+    correct = make("b")
+    for node in (skewed, correct):
+
+        @node.interval("every-10s", every=10.0)
+        async def job(ctx: JobContext) -> None:
+            starts.append((ctx.node_id, clock.monotonic()))
+
+    await skewed.start()
+    try:
+        await clock.advance(0.5)
+        await correct.start()
+        await clock.advance(1.0)
+    finally:
+        await stop(skewed, clock)  # b leads at once, 1.5 s after a's run
+    await clock.advance(20.0)
+    (a_at,), b_at = [t for n, t in starts if n == "a"], [t for n, t in starts if n == "b"]
+    assert b_at, "b did not run in the 20 s after the handover"
+    assert b_at[0] - a_at == pytest.approx(10.0, abs=0.1), "not `every` after a's run"
+    assert b_at[1] - b_at[0] == pytest.approx(10.0, abs=0.1)
+    checkpoint = await correct.checkpoint("every-10s")
+    assert checkpoint is not None and checkpoint.last_completed_at is not None
+    assert checkpoint.last_completed_at == START + timedelta(seconds=b_at[1] - 1000.0)

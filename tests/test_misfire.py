@@ -108,6 +108,8 @@ def test_within_grace(grace_s: float | None, instant: float, now: float, within:
         (10.0, 0, 25, None),
         (10.0, 0, 4, 6.0),
         (10.0, 3.5, 4, 9.5),
+        (10.0, 86400, 4, 10.0),  # stamped ahead of the store's clock: at most one period
+        (10.0, 4, 4, 10.0),
     ],
 )
 def test_put_off_s(

@@ -2,8 +2,9 @@
 checkpoint, the schedule and the time (no clock read, no I/O; tested from tables): which of a
 cron or custom job's missed instants it runs (``misfire="skip" | "run_once" | "catch_up"``),
 and how long an interval job's first run of a term waits, so that it keeps its spacing from
-the previous leader's last run. ``JobRunner`` carries the plan out: each run goes through
-``JobRunner.attempt``, so each instant is claimed in the store first and none runs twice."""
+the previous leader's last run (measured on the store's clock). ``JobRunner`` carries the
+plan out: each run goes through ``JobRunner.attempt``, so each instant is claimed in the store
+first and none runs twice."""
 
 from __future__ import annotations
 
@@ -93,10 +94,16 @@ def put_off_s(
     period_s: float | None, last_completed_at: datetime | None, now: datetime
 ) -> float | None:
     """How long an interval job's first run of a term waits, because the stored last run (on
-    any node) ended less than ``period_s`` before ``now``; None: it runs now."""
+    any node) ended less than ``period_s`` before ``now``; None: it runs now.
+
+    ``last_completed_at`` and ``now`` are on one clock, the store's: ``RECORD_RUN`` stamps
+    the end with the server's time, and the new leader reads that time with the record, so
+    no node's wall clock enters. The wait is at most ``period_s``: a record stamped ahead of
+    ``now`` (a server clock stepped back, a record an older version wrote with its node's
+    clock) delays the job by one period, not by the distance."""
     if last_completed_at is None or period_s is None:
         return None
     since_s = (now - last_completed_at).total_seconds()
     if since_s >= period_s:
         return None
-    return period_s - since_s
+    return period_s - max(since_s, 0.0)

@@ -24,6 +24,10 @@ __all__ = ["Progress"]
 
 logger = logging.getLogger("fastapi_singletonjob.checkpoint")
 
+_SKEW_WARNING_S = 5.0
+"""How far this node's end of a run may lie from the store's stamp before it says so: far
+more than a slow write takes (the stamp follows the end by the write's time)."""
+
 
 class Progress:
     """One job's checkpoint on this node."""
@@ -34,10 +38,12 @@ class Progress:
         "_max_bytes",
         "_node_id",
         "_retention_s",
+        "_skew_warned",
         "_state",
         "_state_known",
         "_store",
         "_term",
+        "read_at",
     )
 
     def __init__(
@@ -61,6 +67,10 @@ class Progress:
         """False after a ``save_state`` whose outcome is unknown (the next run reads again)."""
         self._term: int | None = None
         """The term whose start (or last write) ``_cached`` is from; None: read again."""
+        self._skew_warned = False
+        self.read_at: datetime | None = None
+        """The store's clock when ``load`` last read the record: the clock its
+        ``last_completed_at`` is on (a new leader's interval spacing, ``misfire.put_off_s``)."""
 
     def loaded_for(self, token: int) -> bool:
         """Whether the checkpoint is known for term ``token`` (no read needed)."""
@@ -70,7 +80,9 @@ class Progress:
         """The checkpoint as it stands for term ``token``: read from the store at the first
         run of a term (``ConnectionError`` when the store does not answer in time)."""
         if self._term != token:
-            self._cached = await self._store.read_checkpoint(self._job, timeout_s=timeout_s)
+            self._cached, self.read_at = await self._store.load_checkpoint(
+                self._job, timeout_s=timeout_s
+            )
             self._state = None if self._cached is None else self._cached.state
             self._state_known = True
             self._term = token
@@ -86,20 +98,15 @@ class Progress:
         timeout_s: float,
     ) -> None:
         """Record a finished run, fenced; a refusal or a store error is logged, and the next
-        run reads the stored record again."""
+        run reads the stored record again. ``completed_at`` (this node's clock) is not
+        stored: the store stamps the record with its own clock, and a node whose clock is
+        far from it is told so."""
         self._term = None
         written = None
         try:
             if timeout_s > 0:  # else the term is over, and the store would refuse the write
                 run = FinishedRun(
-                    self._job,
-                    token,
-                    self._node_id,
-                    outcome,
-                    scheduled_at,
-                    completed_at,
-                    error,
-                    self._retention_s,
+                    self._job, token, self._node_id, outcome, scheduled_at, error, self._retention_s
                 )
                 written = await self._store.record_run(run, timeout_s=timeout_s)
         except Exception as exc:
@@ -121,8 +128,28 @@ class Progress:
                 token,
             )
             return
+        self._warn_if_skewed(completed_at, written.last_completed_at)
         self._cached = dataclasses.replace(written, state=self._state)
         self._term = token if self._state_known else None
+
+    def _warn_if_skewed(self, ended_at: datetime, stamped_at: datetime | None) -> None:
+        """Say so when this node's wall clock is far from the store's: the record shows the
+        store's time (``RECORD_RUN`` stamps it), which comes a moment after ``ended_at`` on a
+        clock in sync; the node's own log lines and status show its clock's."""
+        if stamped_at is None:
+            return
+        skew_s = (ended_at - stamped_at).total_seconds()
+        skewed = abs(skew_s) > _SKEW_WARNING_S
+        warned, self._skew_warned = self._skew_warned, skewed
+        if skewed and not warned:  # once per spell, not at every run
+            logger.warning(
+                "job %r: node %s's wall clock is %.3fs %s the store's (fix its time sync): "
+                "its checkpoint shows the store's time, its log lines and status its own",
+                self._job,
+                self._node_id,
+                abs(skew_s),
+                "ahead of" if skew_s > 0 else "behind",
+            )
 
     async def save_state(self, token: int, value: object, timeout_s: float) -> None:
         """Fenced write of the job's state (see ``JobContext.save_state``)."""

@@ -334,9 +334,12 @@ class JobRunner:
         return resume_in_s
 
     def _put_off(self, checkpoint: Checkpoint | None) -> float | None:
-        """How long an interval job's first run of a term waits (``misfire.put_off_s``)."""
+        """How long an interval job's first run of a term waits (``misfire.put_off_s``), on
+        the store's clock: the record's end and the time of its read, not this node's."""
         last = checkpoint.last_completed_at if checkpoint is not None else None
-        now = self.clock.now()
+        now = self.progress.read_at if self.progress is not None else None
+        if now is None:
+            return None
         delay_s = put_off_s(self.policy.period_s, last, now)
         if delay_s is not None and last is not None:
             logger.info(

@@ -258,6 +258,14 @@ class Store(Protocol):
         record, which is logged; see ``_checkpoint``)."""
         ...
 
+    async def load_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> tuple[Checkpoint | None, datetime]:
+        """``read_checkpoint``, and the store's clock at the read (Redis ``TIME``, in the
+        same round trip): the clock the record's ``last_completed_at`` is on, so that a new
+        leader measures the time since the last run without trusting any node's clock."""
+        ...
+
     async def reset_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:

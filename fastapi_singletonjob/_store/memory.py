@@ -14,7 +14,7 @@ import math
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from .._checkpoint import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
@@ -335,7 +335,9 @@ class MemoryLeaseStore:
     async def record_run(
         self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> Checkpoint | None:
-        """See ``Store.record_run``; ``timeout_s`` is not used (no I/O)."""
+        """See ``Store.record_run``; ``timeout_s`` is not used (no I/O). The run's end is
+        stamped with the store's clock, the injected clock's ``now()``, as ``RECORD_RUN``
+        stamps it with the server's ``TIME``."""
         args, job = run_args(run), run.job
         await asyncio.sleep(0)  # a real store is a suspension point too
         record = self._fenced(job, run.token)
@@ -346,15 +348,15 @@ class MemoryLeaseStore:
         record.update(
             last_outcome=args[2],
             last_scheduled_us=args[3],
-            last_completed_us=args[4],
+            last_completed_us=str(to_unix_us(self._clock.now())),
             node_id=run.node_id,
             fencing_token=args[0],
         )
-        if success or not args[5]:
+        if success or not args[4]:
             record.pop("last_error", None)
         else:
-            record["last_error"] = args[5]
-        self._keep(job, record, args[6])
+            record["last_error"] = args[4]
+        self._keep(job, record, args[5])
         return written(job, {key: value for key, value in record.items() if key in RUN_FIELDS})
 
     async def save_state(
@@ -376,6 +378,13 @@ class MemoryLeaseStore:
         """See ``Store.read_checkpoint``."""
         await asyncio.sleep(0)
         return checked(job, self._record(job))
+
+    async def load_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> tuple[Checkpoint | None, datetime]:
+        """See ``Store.load_checkpoint``: the store's clock is the injected clock's ``now()``."""
+        await asyncio.sleep(0)
+        return checked(job, self._record(job)), self._clock.now()
 
     async def reset_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S

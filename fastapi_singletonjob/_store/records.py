@@ -65,13 +65,13 @@ def retention_ms(retention_s: float) -> str:
 
 
 def run_args(run: FinishedRun) -> list[str]:
-    """ARGV of ``RECORD_RUN`` for ``run``, checked; the memory store reads the same list."""
+    """ARGV of ``RECORD_RUN`` for ``run``, checked; the memory store reads the same list. The
+    run's end is not in it: the store stamps it with its own clock."""
     return [
         token_text(run.token),
         run.node_id,
         Outcome(run.outcome).value,
         str(to_unix_us(run.scheduled_at)),
-        str(to_unix_us(run.completed_at)),
         shorten_error(run.error),
         retention_ms(run.retention_s),
     ]

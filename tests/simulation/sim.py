@@ -710,6 +710,11 @@ class NodeStore:
     async def read_checkpoint(self, *args: object, **kwargs: object) -> Checkpoint | None:
         raise AssertionError("the simulated jobs keep no checkpoint")
 
+    async def load_checkpoint(
+        self, *args: object, **kwargs: object
+    ) -> tuple[Checkpoint | None, datetime]:
+        raise AssertionError("the simulated jobs keep no checkpoint")
+
     async def reset_checkpoint(self, *args: object, **kwargs: object) -> bool:
         raise AssertionError("the simulated jobs keep no checkpoint")
 

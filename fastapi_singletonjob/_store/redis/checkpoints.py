@@ -5,8 +5,10 @@ are encoded in ``_store.records``, the record itself in ``_checkpoint``."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from redis.asyncio import RedisCluster
 from redis.exceptions import ReadOnlyError, ResponseError
 
 from ..._aio import within
@@ -27,6 +29,8 @@ from .batch import Batcher
 from .topology import Topology
 
 __all__ = ["RedisCheckpoints"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class RedisCheckpoints:
@@ -98,6 +102,45 @@ class RedisCheckpoints:
             not_a_record(job, "a key of another type than hash")
             return None
         return checked(job, {key.decode(errors="replace"): value for key, value in raw.items()})
+
+    async def load_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> tuple[Checkpoint | None, datetime]:
+        """See ``Store.load_checkpoint``: ``HGETALL`` and ``TIME`` in one pipeline (on a
+        cluster, which takes no ``TIME`` in a pipeline, ``TIME`` follows on the master of the
+        project's slot, whose clock ``RECORD_RUN`` stamped the record with)."""
+        key = _keys.job_key(self._project, job, "checkpoint")
+        raw, now = await self._call(
+            f"read the checkpoint of job {job!r}", self._hgetall_and_time(key), timeout_s
+        )
+        if isinstance(raw, ResponseError):
+            if not str(raw).startswith("WRONGTYPE"):
+                raise raw
+            not_a_record(job, "a key of another type than hash")
+            return None, now
+        record = checked(job, {key.decode(errors="replace"): value for key, value in raw.items()})
+        return record, now
+
+    async def _hgetall_and_time(self, key: str) -> tuple[Any, datetime]:
+        """``key``'s fields (or the ``ResponseError`` its read met) and the server's time."""
+        client = self._topology.calls
+        if isinstance(client, RedisCluster):
+            try:
+                raw: Any = await client.hgetall(key)
+            except ResponseError as exc:
+                raw = exc
+            time: Any = await client.time(target_nodes=client.get_node_from_key(key))
+            if isinstance(time, dict):  # a reply per node, from the one node asked
+                (time,) = time.values()
+        else:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(key)
+                pipe.time()
+                raw, time = await pipe.execute(raise_on_error=False)
+            if isinstance(time, Exception):
+                raise time
+        seconds, micros = time
+        return raw, _EPOCH + timedelta(seconds=int(seconds), microseconds=int(micros))
 
     async def reset_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S

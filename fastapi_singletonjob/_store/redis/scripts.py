@@ -341,11 +341,11 @@ end
 # together (one round trip however many jobs share an instant).
 #
 # KEYS[2i-1] - lock key of job i        KEYS[2i] - checkpoint key of job i
-# ARGV[7i-6] - fencing token of the caller's term for job i     ARGV[7i-5] - node id of the caller
-# ARGV[7i-4] - outcome: "success", "failed", "timeout" or "cancelled"
-# ARGV[7i-3] - the run's scheduled instant, µs since the epoch    ARGV[7i-2] - its end, the same
-# ARGV[7i-1] - the error, already shortened, or "" for none
-# ARGV[7i]   - retention of the record, in milliseconds
+# ARGV[6i-5] - fencing token of the caller's term for job i     ARGV[6i-4] - node id of the caller
+# ARGV[6i-3] - outcome: "success", "failed", "timeout" or "cancelled"
+# ARGV[6i-2] - the run's scheduled instant, µs since the epoch
+# ARGV[6i-1] - the error, already shortened, or "" for none
+# ARGV[6i]   - retention of the record, in milliseconds
 #
 # Returns one value per job, in order: -1 (nothing written) when the term no longer holds the
 # lock; else the record after the write, the fields of ``RUN_FIELDS`` as HMGET returns them
@@ -353,24 +353,30 @@ end
 # "last_error"; any other outcome keeps "iteration" (and every run keeps "state"). All fields
 # are strings, so µs times and tokens stay exact. Each write sets the record's expiry to the
 # retention; ELECT is to refresh it while a node leads the job.
+#
+# "last_completed_us" is the server clock (TIME) when the run is recorded, never the caller's:
+# a new leader measures the time since it on the same clock (``Store.load_checkpoint``), so an
+# interval job keeps its spacing across leaders whatever their wall clocks say.
 RECORD_RUN = (
     _CHECKPOINT_FENCE
     + """
+local t = redis.call('TIME')
+local now_us = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local out = {}
 for i = 1, #KEYS / 2 do
-  local lock, record, a = KEYS[2 * i - 1], KEYS[2 * i], 7 * (i - 1)
+  local lock, record, a = KEYS[2 * i - 1], KEYS[2 * i], 6 * (i - 1)
   if fenced(lock, record, ARGV[a + 1]) then
     local outcome = ARGV[a + 3]
     local success = outcome == 'success'
     redis.call('HINCRBY', record, 'iteration', success and 1 or 0)
     redis.call('HSET', record, 'last_outcome', outcome, 'last_scheduled_us', ARGV[a + 4],
-      'last_completed_us', ARGV[a + 5], 'node_id', ARGV[a + 2], 'fencing_token', ARGV[a + 1])
-    if success or ARGV[a + 6] == '' then
+      'last_completed_us', now_us, 'node_id', ARGV[a + 2], 'fencing_token', ARGV[a + 1])
+    if success or ARGV[a + 5] == '' then
       redis.call('HDEL', record, 'last_error')
     else
-      redis.call('HSET', record, 'last_error', ARGV[a + 6])
+      redis.call('HSET', record, 'last_error', ARGV[a + 5])
     end
-    redis.call('PEXPIRE', record, ARGV[a + 7])
+    redis.call('PEXPIRE', record, ARGV[a + 6])
     out[i] = redis.call('HMGET', record, 'iteration', 'last_scheduled_us', 'last_completed_us',
       'last_outcome', 'last_error', 'node_id', 'fencing_token')
   else

@@ -17,6 +17,7 @@ user is never closed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from redis.asyncio import Redis
@@ -234,6 +235,12 @@ class RedisStore:
     ) -> Checkpoint | None:
         """See ``Store.read_checkpoint`` and ``RedisCheckpoints.read_checkpoint``."""
         return await self._checkpoints.read_checkpoint(job, timeout_s=timeout_s)
+
+    async def load_checkpoint(
+        self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> tuple[Checkpoint | None, datetime]:
+        """See ``Store.load_checkpoint`` and ``RedisCheckpoints.load_checkpoint``."""
+        return await self._checkpoints.load_checkpoint(job, timeout_s=timeout_s)
 
     async def reset_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
