@@ -278,3 +278,32 @@ async def test_an_interval_jobs_new_leader_waits_out_the_period(
     (a_at,), b_at = [t for n, t in starts if n == "a"], [t for n, t in starts if n == "b"]
     assert b_at and b_at[0] - a_at == pytest.approx(10.0, abs=0.1), "not 1.5 s after a's run"
     assert b_at[1] - b_at[0] == pytest.approx(10.0, abs=0.1)
+
+
+async def test_issue27_item3_a_reset_reaches_the_running_leader(
+    make: Factory, clock: FakeClock
+) -> None:
+    """The next run after ``reset_checkpoint`` sees what the store holds (iteration 1, no
+    state), not the leader's copy from the start of its term."""
+    seen: list[tuple[int, object]] = []
+    jobs = make()
+
+    @jobs.fixed_rate("export", every=1.0)
+    async def export(ctx: JobContext) -> None:
+        cursor = ctx.checkpoint.state if ctx.checkpoint else None
+        seen.append((ctx.iteration, cursor))
+        assert cursor is None or isinstance(cursor, int)
+        if cursor is None or cursor < 3:
+            await ctx.save_state((cursor or 0) + 1)
+
+    await jobs.start()
+    await clock.advance(5.5)
+    assert seen[-1] == (5, 3)
+    before = len(seen)
+    other = make("b")  # an operator's call from another process
+    other.interval("export", every=1.0)(lambda: None)
+    assert await other.reset_checkpoint("export") is True
+    await clock.advance(3.0)
+    assert seen[before:] == [(1, None), (2, 1), (3, 2)]
+    stored = await jobs.checkpoint("export")
+    assert stored is not None and (stored.iteration, stored.state) == (3, 3)

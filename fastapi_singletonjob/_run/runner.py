@@ -110,6 +110,11 @@ class JobRunner:
         """Shutdown: no run starts any more (the runs in flight go on)."""
         self._closed = True
 
+    def forget_checkpoint(self) -> None:
+        """An operator reset the checkpoint: the next run reads it from the store."""
+        if self.progress is not None:
+            self.progress.forget()
+
     def stats_copy(self) -> JobStats:
         """A copy of the job's counters and last run, for a snapshot."""
         stats = copy.copy(self.stats)
