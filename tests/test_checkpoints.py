@@ -14,6 +14,7 @@ from fake_nodes import kill, stop
 from fastapi_singletonjob import (
     Checkpoint,
     ConfigurationError,
+    DropReason,
     JobContext,
     LeadershipLost,
     SingletonJobs,
@@ -278,6 +279,45 @@ async def test_an_interval_jobs_new_leader_waits_out_the_period(
     (a_at,), b_at = [t for n, t in starts if n == "a"], [t for n, t in starts if n == "b"]
     assert b_at and b_at[0] - a_at == pytest.approx(10.0, abs=0.1), "not 1.5 s after a's run"
     assert b_at[1] - b_at[0] == pytest.approx(10.0, abs=0.1)
+
+
+async def test_issue27_item2_a_pause_stops_a_catch_up_within_one_round_trip(
+    make: Factory, clock: FakeClock
+) -> None:
+    """A paused job starts nothing, a catch-up's instants included: the run in flight at the
+    pause goes on, and no run starts after it."""
+    starts: list[tuple[float, datetime]] = []
+
+    def define(node: str) -> SingletonJobs:
+        jobs = make(node)
+
+        @jobs.cron("report", "* * * * * *", misfire="catch_up", misfire_grace=60)
+        async def report(ctx: JobContext) -> None:
+            starts.append((clock.monotonic(), ctx.scheduled_at))
+            await clock.sleep(0.25)
+
+        return jobs
+
+    first = define("a")
+    await first.start()
+    await clock.advance(1.0)
+    await stop(first, clock)
+    clock.jump_wall(40.0)  # the fleet was down: 40 instants to catch up, 0.25 s each
+    second = define("b")
+    await second.start()
+    await clock.advance(1.0)
+    caught_up = len(starts)
+    assert caught_up >= 4, "the catch-up is going"
+    await second.pause("report")
+    paused_at = clock.monotonic()
+    await clock.advance(10.0)
+    late = [t - paused_at for t, _ in starts if t > paused_at]
+    assert late == [], f"runs started after pause() returned, at {late}"
+    status = second.status("report").jobs[0]
+    assert status.paused and status.dropped[DropReason.PAUSED] > 0
+    await second.resume("report")
+    await clock.advance(2.0)
+    assert len(starts) > caught_up, "runs again once resumed"
 
 
 async def test_issue27_item3_a_reset_reaches_the_running_leader(

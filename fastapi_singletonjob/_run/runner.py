@@ -7,7 +7,8 @@ here. The election is reached through ``_run/leadership.py``'s ``Leadership``.
 A job has at most one run in flight: a tick that comes while a run is still going is dropped
 and counted, never queued. Leadership is checked synchronously right before the job's code
 starts, so a node whose lease ran out, even while its event loop was blocked, never starts a
-run.
+run; and the pause as the election last learned it is checked at every start, each instant of
+a catch-up included.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .._clock import Clock
 from .._job.context import JobContext
 from .._job.spec import JobSpec
 from .._outcomes import DropReason, JobStats, Outcome, RunRecord
-from .._schedule import policy_of
+from .._schedule import count_instants, policy_of
 from .._store.base import ClaimResult
 from .._telemetry import NOT_LEADER, Telemetry
 from .invoke import Invoker, NotStarted, summary
@@ -38,6 +39,8 @@ __all__ = ["JobRunner"]
 logger = logging.getLogger("fastapi_singletonjob.runner")
 
 _CLAIM_RETRY_S = 0.05
+_MAX_COUNTED = 10**4
+"""Most instants counted at once as dropped when a pause ends a catch-up."""
 
 RunEnded = Callable[[str, "float | None"], None]
 """Called with the job's name when a run (or an attempt to start one) has ended, and, when an
@@ -314,7 +317,9 @@ class JobRunner:
         begun: JobContext | DropReason | None = None
         if gate is None:
             self.stats.running_since = started_at
-        if claim:
+        if self.lease.paused:  # a pause that came after the run was asked for: not claimed
+            begun = DropReason.PAUSED
+        elif claim:
             begun = await self._claim(token, scheduled_at)
         if gate is not None:
             left_s = await gate
@@ -325,6 +330,10 @@ class JobRunner:
             if not self.policy.after_run:
                 self._leadership.instant_started(self.spec.name, scheduled_at)
             begun = await self._context(token, scheduled_at, started_at)
+        if not isinstance(begun, DropReason) and self.lease.paused:
+            # Paused while the claim, the gate or the checkpoint read was on its way: the
+            # job's code has not begun, so nothing starts (the last check before it).
+            begun = DropReason.PAUSED
         resume_in_s = None
         if isinstance(begun, DropReason):
             self.drop(begun)
@@ -415,6 +424,13 @@ class JobRunner:
                 now = self.clock.now()
                 instant = next_missed(schedule, cursor, now)
                 if instant is None:
+                    return
+                if self.lease.paused:
+                    # A pause ends the catch-up: the instants that came are dropped as
+                    # paused (as the timer drops those that come while it lasts).
+                    self.drop(
+                        DropReason.PAUSED, count_instants(schedule, instant, now, _MAX_COUNTED)
+                    )
                     return
                 if is_late(instant, now, grace_s):
                     self.drop(DropReason.LATE)
