@@ -20,6 +20,7 @@ from fastapi_singletonjob import (
     SingletonJobs,
     UsageError,
 )
+from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob.testing import FakeClock
 
 START = datetime(2026, 3, 1, 0, 59, 30, tzinfo=UTC)  # 30 s before 01:00
@@ -347,3 +348,88 @@ async def test_issue27_item3_a_reset_reaches_the_running_leader(
     assert seen[before:] == [(1, None), (2, 1), (3, 2)]
     stored = await jobs.checkpoint("export")
     assert stored is not None and (stored.iteration, stored.state) == (3, 3)
+
+
+async def test_issue27_item4_a_run_cancelled_at_shutdown_is_recorded(
+    make: Factory, clock: FakeClock
+) -> None:
+    """A run cancelled past shutdown_timeout is recorded as cancelled (its term still holds:
+    the election renews the lease during the drain), keeping iteration and state."""
+    calls: list[int] = []
+    jobs = make()
+
+    @jobs.interval("export", every=0.2)
+    async def export(ctx: JobContext) -> None:
+        calls.append(ctx.iteration)
+        if len(calls) == 1:
+            await ctx.save_state("cursor")
+        if len(calls) >= 3:
+            await clock.sleep(30.0)  # still going at shutdown
+
+    await jobs.start()
+    await clock.advance(1.0)
+    assert calls == [1, 2, 3]
+    await stop(jobs, clock)
+    stored = await jobs.checkpoint("export")
+    assert stored is not None
+    assert (stored.iteration, stored.last_outcome, stored.state) == (2, "cancelled", "cursor")
+
+
+async def test_issue27_item4_a_cancelled_run_whose_term_ended_is_not_recorded(
+    make: Factory, clock: FakeClock
+) -> None:
+    """The record of a cancelled run is fenced by its own term: here the lock was deleted by
+    hand while the run went on, and the node's next round began a new term (a new token), so
+    the run of the old term, cancelled at shutdown, writes nothing."""
+    calls: list[int] = []
+    jobs = make()
+
+    @jobs.interval("export", every=1.0)
+    async def export(ctx: JobContext) -> None:
+        calls.append(ctx.fencing_token)
+        await clock.sleep(60.0)
+
+    await jobs.start()
+    await clock.advance(0.5)
+    assert jobs.engine is not None and isinstance(jobs.engine.store, MemoryLeaseStore)
+    jobs.engine.store.delete_lock("export")
+    await clock.advance(1.5)
+    token = jobs.status("export").jobs[0].fencing_token
+    assert token is not None and calls and token > calls[0], "a new term, the old run goes on"
+    await stop(jobs, clock)  # cancels the old term's run past shutdown_timeout
+    assert await jobs.checkpoint("export") is None, "the old term recorded nothing"
+
+
+@pytest.mark.redis
+async def test_issue27_item4_on_redis_a_run_cancelled_at_shutdown_is_recorded(
+    redis_url: str, unique_project: str
+) -> None:
+    """The same on a real Redis, in real time: the third run is still going at shutdown, is
+    cancelled after shutdown_timeout, and its record says so."""
+    jobs = SingletonJobs(
+        redis_url,
+        project=unique_project,
+        node_id="n1",
+        heartbeat_interval=0.1,
+        lock_expiry=0.5,
+        shutdown_timeout=0.3,
+    )
+    calls: list[int] = []
+
+    @jobs.interval("export", every=0.1)
+    async def export(ctx: JobContext) -> None:
+        calls.append(ctx.iteration)
+        if len(calls) >= 3:
+            await asyncio.sleep(30)
+
+    await jobs.start()
+    try:
+        for _ in range(100):
+            if len(calls) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert calls == [1, 2, 3]
+    finally:
+        await jobs.stop()
+    stored = await jobs.checkpoint("export")
+    assert stored is not None and (stored.iteration, stored.last_outcome) == (2, "cancelled")

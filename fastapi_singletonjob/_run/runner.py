@@ -8,7 +8,9 @@ A job has at most one run in flight: a tick that comes while a run is still goin
 and counted, never queued. Leadership is checked synchronously right before the job's code
 starts, so a node whose lease ran out, even while its event loop was blocked, never starts a
 run; and the pause as the election last learned it is checked at every start, each instant of
-a catch-up included.
+a catch-up included. Every run whose code began is recorded in the checkpoint with how it
+ended, a run cancelled at shutdown too (the write is shielded from the cancel, and fenced: a
+term that ended records nothing).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ __all__ = ["JobRunner"]
 logger = logging.getLogger("fastapi_singletonjob.runner")
 
 _CLAIM_RETRY_S = 0.05
+RECORD_AFTER_CANCEL_S = 2.0
+"""Longest wait for the checkpoint record of a run cancelled from outside (shutdown): well
+within the engine's grace for cancelled runs (``CANCEL_GRACE_S``), after which their locks
+are left to expire."""
 _MAX_COUNTED = 10**4
 """Most instants counted at once as dropped when a pause ends a catch-up."""
 
@@ -456,21 +462,54 @@ class JobRunner:
                 ran = False
                 span.set_attribute("singletonjob.outcome", DropReason.LEASE_EXPIRED.value)
                 self.drop(DropReason.LEASE_EXPIRED)
+            except asyncio.CancelledError:
+                # Cancelled from outside (shutdown, past shutdown_timeout): recorded as such
+                # while the term holds (the election renews it during the drain), then the
+                # cancel goes on.
+                await self._save_outcome(ctx, Outcome.CANCELLED, None, most_s=RECORD_AFTER_CANCEL_S)
+                raise
             else:
-                if self.progress is not None:  # before the run counts as ended
-                    await self.progress.record(
-                        ctx.fencing_token,
-                        outcome,
-                        ctx.scheduled_at,
-                        self.clock.now(),
-                        None if error is None else summary(error),
-                        self.time_left(),
-                    )
+                await self._save_outcome(ctx, outcome, error)  # before the run counts as ended
             finally:
                 if ran:
                     duration_s = self.clock.monotonic() - started
                     self._telemetry.run_finished(span, ctx.job, outcome, duration_s, error)
                     self._record(ctx, outcome, error, duration_s)
+
+    async def _save_outcome(
+        self,
+        ctx: JobContext,
+        outcome: Outcome,
+        error: BaseException | None,
+        *,
+        most_s: float | None = None,
+    ) -> None:
+        """Record the run in the checkpoint, fenced (a term that ended writes nothing), the
+        store call bounded by the time left on the lease (and by ``most_s``). The write is
+        shielded: a cancel that lands meanwhile (shutdown) waits for it and goes on after."""
+        if self.progress is None:
+            return
+        timeout_s = self.time_left() if most_s is None else min(self.time_left(), most_s)
+        write = asyncio.create_task(
+            self.progress.record(
+                ctx.fencing_token,
+                outcome,
+                ctx.scheduled_at,
+                self.clock.now(),
+                None if error is None else summary(error),
+                timeout_s,
+            ),
+            name=f"singletonjob record {self.spec.name!r}",
+        )
+        cancelled = False
+        while not write.done():
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+        write.result()
 
     def _record(
         self, ctx: JobContext, outcome: Outcome, error: BaseException | None, duration_s: float
