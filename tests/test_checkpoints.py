@@ -14,6 +14,7 @@ from fake_nodes import kill, stop
 from fastapi_singletonjob import (
     Checkpoint,
     ConfigurationError,
+    DropReason,
     JobContext,
     LeadershipLost,
     SingletonJobs,
@@ -348,3 +349,156 @@ async def test_an_interval_handover_spaces_runs_by_every_whatever_the_old_leader
     checkpoint = await correct.checkpoint("every-10s")
     assert checkpoint is not None and checkpoint.last_completed_at is not None
     assert checkpoint.last_completed_at == START + timedelta(seconds=b_at[1] - 1000.0)
+
+
+async def test_issue27_item2_a_pause_stops_a_catch_up_within_one_round_trip(
+    make: Factory, clock: FakeClock
+) -> None:
+    """A paused job starts nothing, a catch-up's instants included: the run in flight at the
+    pause goes on, and no run starts after it."""
+    starts: list[tuple[float, datetime]] = []
+
+    def define(node: str) -> SingletonJobs:
+        jobs = make(node)
+
+        @jobs.cron("report", "* * * * * *", misfire="catch_up", misfire_grace=60)
+        async def report(ctx: JobContext) -> None:
+            starts.append((clock.monotonic(), ctx.scheduled_at))
+            await clock.sleep(0.25)
+
+        return jobs
+
+    first = define("a")
+    await first.start()
+    await clock.advance(1.0)
+    await stop(first, clock)
+    clock.jump_wall(40.0)  # the fleet was down: 40 instants to catch up, 0.25 s each
+    second = define("b")
+    await second.start()
+    await clock.advance(1.0)
+    caught_up = len(starts)
+    assert caught_up >= 4, "the catch-up is going"
+    await second.pause("report")
+    paused_at = clock.monotonic()
+    await clock.advance(10.0)
+    late = [t - paused_at for t, _ in starts if t > paused_at]
+    assert late == [], f"runs started after pause() returned, at {late}"
+    status = second.status("report").jobs[0]
+    assert status.paused and status.dropped[DropReason.PAUSED] > 0
+    await second.resume("report")
+    await clock.advance(2.0)
+    assert len(starts) > caught_up, "runs again once resumed"
+
+
+async def test_issue27_item3_a_reset_reaches_the_running_leader(
+    make: Factory, clock: FakeClock
+) -> None:
+    """The next run after ``reset_checkpoint`` sees what the store holds (iteration 1, no
+    state), not the leader's copy from the start of its term."""
+    seen: list[tuple[int, object]] = []
+    jobs = make()
+
+    @jobs.fixed_rate("export", every=1.0)
+    async def export(ctx: JobContext) -> None:
+        cursor = ctx.checkpoint.state if ctx.checkpoint else None
+        seen.append((ctx.iteration, cursor))
+        assert cursor is None or isinstance(cursor, int)
+        if cursor is None or cursor < 3:
+            await ctx.save_state((cursor or 0) + 1)
+
+    await jobs.start()
+    await clock.advance(5.5)
+    assert seen[-1] == (5, 3)
+    before = len(seen)
+    other = make("b")  # an operator's call from another process
+    other.interval("export", every=1.0)(lambda: None)
+    assert await other.reset_checkpoint("export") is True
+    await clock.advance(3.0)
+    assert seen[before:] == [(1, None), (2, 1), (3, 2)]
+    stored = await jobs.checkpoint("export")
+    assert stored is not None and (stored.iteration, stored.state) == (3, 3)
+
+
+async def test_issue27_item4_a_run_cancelled_at_shutdown_is_recorded(
+    make: Factory, clock: FakeClock
+) -> None:
+    """A run cancelled past shutdown_timeout is recorded as cancelled (its term still holds:
+    the election renews the lease during the drain), keeping iteration and state."""
+    calls: list[int] = []
+    jobs = make()
+
+    @jobs.interval("export", every=0.2)
+    async def export(ctx: JobContext) -> None:
+        calls.append(ctx.iteration)
+        if len(calls) == 1:
+            await ctx.save_state("cursor")
+        if len(calls) >= 3:
+            await clock.sleep(30.0)  # still going at shutdown
+
+    await jobs.start()
+    await clock.advance(1.0)
+    assert calls == [1, 2, 3]
+    await stop(jobs, clock)
+    stored = await jobs.checkpoint("export")
+    assert stored is not None
+    assert (stored.iteration, stored.last_outcome, stored.state) == (2, "cancelled", "cursor")
+
+
+async def test_issue27_item4_a_cancelled_run_whose_term_ended_is_not_recorded(
+    make: Factory, clock: FakeClock
+) -> None:
+    """The record of a cancelled run is fenced by its own term: here the lock was deleted by
+    hand while the run went on, and the node's next round began a new term (a new token), so
+    the run of the old term, cancelled at shutdown, writes nothing."""
+    calls: list[int] = []
+    jobs = make()
+
+    @jobs.interval("export", every=1.0)
+    async def export(ctx: JobContext) -> None:
+        calls.append(ctx.fencing_token)
+        await clock.sleep(60.0)
+
+    await jobs.start()
+    await clock.advance(0.5)
+    assert jobs.engine is not None and isinstance(jobs.engine.store, MemoryLeaseStore)
+    jobs.engine.store.delete_lock("export")
+    await clock.advance(1.5)
+    token = jobs.status("export").jobs[0].fencing_token
+    assert token is not None and calls and token > calls[0], "a new term, the old run goes on"
+    await stop(jobs, clock)  # cancels the old term's run past shutdown_timeout
+    assert await jobs.checkpoint("export") is None, "the old term recorded nothing"
+
+
+@pytest.mark.redis
+async def test_issue27_item4_on_redis_a_run_cancelled_at_shutdown_is_recorded(
+    redis_url: str, unique_project: str
+) -> None:
+    """The same on a real Redis, in real time: the third run is still going at shutdown, is
+    cancelled after shutdown_timeout, and its record says so."""
+    jobs = SingletonJobs(
+        redis_url,
+        project=unique_project,
+        node_id="n1",
+        heartbeat_interval=0.1,
+        lock_expiry=0.5,
+        shutdown_timeout=0.3,
+    )
+    calls: list[int] = []
+
+    @jobs.interval("export", every=0.1)
+    async def export(ctx: JobContext) -> None:
+        calls.append(ctx.iteration)
+        if len(calls) >= 3:
+            await asyncio.sleep(30)
+
+    await jobs.start()
+    try:
+        for _ in range(100):
+            if len(calls) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert calls == [1, 2, 3]
+    finally:
+        await jobs.stop()
+    stored = await jobs.checkpoint("export")
+    assert stored is not None and (stored.iteration, stored.last_outcome) == (2, "cancelled")

@@ -24,8 +24,10 @@ from redis_cluster import TestCluster
 from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
+from fastapi_singletonjob._checkpoint import FinishedRun
 from fastapi_singletonjob._clock import SystemClock
 from fastapi_singletonjob._lock_value import SHOWN_VALUE_CHARS
+from fastapi_singletonjob._outcomes import Outcome
 from fastapi_singletonjob._store import keys as _keys
 from fastapi_singletonjob._store.base import LeaseReply, LeaseRequest, Store, parse_notice
 from fastapi_singletonjob._store.membership import MemberRecord, Membership
@@ -34,6 +36,7 @@ from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore
 from fastapi_singletonjob._store.redis.store import RedisLeaseStore
 
 TTL_S = 1.0
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TTL_MS = round(TTL_S * 1000)
 # Redis keeps expiries in whole milliseconds; the memory store is exact.
 MS = 0.002
@@ -284,6 +287,36 @@ async def test_a_control_notice_names_its_job(case: Case) -> None:
         await case.store.set_control(_keys.control_field("trigger", "job-b"), "1")
         await wait_until(lambda: len(heard) >= 2, 2.0, "the control notices")
         assert heard == [frozenset({"job:with:colons"}), frozenset({"job-b"})]
+    finally:
+        listener.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await listener
+
+
+async def test_issue27_item3_a_reset_leaves_its_holder_a_one_shot_control(case: Case) -> None:
+    """``reset_checkpoint`` deletes the record and, in the same call, leaves the lock's holder
+    a control that only its next ``elect`` reports (once), and wakes every node's election."""
+    heard: list[frozenset[str] | None] = []
+    listener = asyncio.create_task(case.store.listen_releases(heard.append))
+    try:
+        await wait_until(lambda: case.subscribers() >= 1, 2.0, "the listener subscribed")
+        assert await case.store.reset_checkpoint("job") is False, "nobody leads: no record"
+        holder = await elect_one(case.store, "n1", ttl_s=5.0)
+        assert holder.held and not holder.checkpoint_reset, "no control without a leader"
+        token = holder.token
+        assert token is not None
+        run = FinishedRun("job", token, "n1", Outcome.SUCCESS, NOW, None, 60.0)
+        assert await case.store.record_run(run) is not None
+        assert await case.store.reset_checkpoint("job") is True
+        assert await case.store.read_checkpoint("job") is None
+        await wait_until(lambda: len(heard) >= 1, 2.0, "the reset's notice")
+        assert heard == [frozenset({"job"})]
+        follower = await elect_one(case.store, "n2", ttl_s=5.0)
+        assert not follower.held and not follower.checkpoint_reset, "the holder's only"
+        renewed = await elect_one(case.store, "n1", ttl_s=5.0, held=holder.value)
+        assert renewed.held and renewed.checkpoint_reset
+        again = await elect_one(case.store, "n1", ttl_s=5.0, held=holder.value)
+        assert again.held and not again.checkpoint_reset, "taken once"
     finally:
         listener.cancel()
         with pytest.raises(asyncio.CancelledError):

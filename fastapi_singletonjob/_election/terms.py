@@ -6,7 +6,8 @@ another holder shows up, or on release. Everything else (the runner, the ticker,
 snapshot) reads a lease through ``LeaseView``, which has no setters, and reports runs back
 through ``run_started``/``instant_started``/``run_ended``; the election asks for everything
 else it changes (a release, a step-down, a rest, a resignation) through the methods here. A
-``TermListener`` given at construction hears of each term that starts and each trigger.
+``TermListener`` given at construction hears of each term that starts, each trigger and each
+checkpoint reset.
 """
 
 from __future__ import annotations
@@ -32,13 +33,18 @@ _Previous = tuple[float | None, float | None]
 
 
 class TermListener(Protocol):
-    """Hears of terms as they start (the timer, ``_run/ticker.py``, is one)."""
+    """Hears of terms as they start, and of the operators' requests to a term (the timer,
+    ``_run/ticker.py``, is one)."""
 
     def term_started(self, job: str) -> None:
         """This node started a term of ``job``."""
 
     def triggered(self, job: str) -> None:
         """An operator asked this node, the leader of ``job``, for one extra run now."""
+
+    def checkpoint_reset(self, job: str) -> None:
+        """An operator reset the checkpoint of ``job``, which this node leads: the copy of it
+        kept for the term is stale."""
 
 
 class Terms:
@@ -264,8 +270,17 @@ class Terms:
             self._start(lease, token, sent_at, previous, notice_at)
 
     def _apply_requests(self, lease: Lease, reply: LeaseReply) -> None:
-        """An operator's trigger or step-down, consumed by this reply: acted on only while
-        this node leads (a request that reaches a node without a term is dropped, logged)."""
+        """An operator's trigger, step-down or checkpoint reset, consumed by this reply: acted
+        on only while this node leads (a trigger or step-down that reaches a node without a
+        term is dropped, logged; a reset needs nothing then, as a term reads the checkpoint
+        at its first run)."""
+        if reply.checkpoint_reset and lease.token is not None and self._listener is not None:
+            logger.info(
+                "node %s: the checkpoint of job %r was reset; its next run reads it again",
+                self._node_id,
+                lease.job,
+            )
+            self._listener.checkpoint_reset(lease.job)
         if not (reply.triggered or reply.step_down):
             return
         if lease.token is None:

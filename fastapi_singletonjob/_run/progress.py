@@ -3,9 +3,10 @@ replaced by the result of each fenced write. The record itself, its encoding and
 calls are in ``_checkpoint.py``.
 
 Only the leader writes, fenced by its term's token inside the store, so within a term the
-copy kept here is the stored record. An operator's ``reset_checkpoint`` from another node
-shows in the next run's ``ctx.checkpoint`` after one run (the run after a reset writes a
-fresh record: the fenced write reads what is stored, not this copy).
+copy kept here is the stored record, but for an operator's ``reset_checkpoint``, which
+deletes the record unfenced: the leader hears of it in its next election round (brought
+forward by the reset's notice) and ``forget``s this copy, so the next run reads the store. A
+read or write in flight across the reset is not trusted either (``_generation``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Progress:
 
     __slots__ = (
         "_cached",
+        "_generation",
         "_job",
         "_max_bytes",
         "_node_id",
@@ -71,6 +73,9 @@ class Progress:
         self.read_at: datetime | None = None
         """The store's clock when ``load`` last read the record: the clock its
         ``last_completed_at`` is on (a new leader's interval spacing, ``misfire.put_off_s``)."""
+        self._generation = 0
+        """Raised by each ``forget``: a read or write that began before one tells nothing
+        of what is stored now."""
 
     def loaded_for(self, token: int) -> bool:
         """Whether the checkpoint is known for term ``token`` (no read needed)."""
@@ -80,13 +85,23 @@ class Progress:
         """The checkpoint as it stands for term ``token``: read from the store at the first
         run of a term (``ConnectionError`` when the store does not answer in time)."""
         if self._term != token:
+            generation = self._generation
             self._cached, self.read_at = await self._store.load_checkpoint(
                 self._job, timeout_s=timeout_s
             )
             self._state = None if self._cached is None else self._cached.state
-            self._state_known = True
-            self._term = token
+            # Reset while the read was on its way: this run uses what it read, the next reads
+            # again.
+            self._state_known = generation == self._generation
+            self._term = token if self._state_known else None
         return self._cached
+
+    def forget(self) -> None:
+        """The record was reset (an operator's ``reset_checkpoint``): read it again at the
+        next run, and trust no read or write in flight now."""
+        self._generation += 1
+        self._term = None
+        self._state_known = False
 
     async def record(
         self,
@@ -102,6 +117,7 @@ class Progress:
         stored: the store stamps the record with its own clock, and a node whose clock is
         far from it is told so."""
         self._term = None
+        generation = self._generation
         written = None
         try:
             if timeout_s > 0:  # else the term is over, and the store would refuse the write
@@ -129,6 +145,8 @@ class Progress:
             )
             return
         self._warn_if_skewed(completed_at, written.last_completed_at)
+        if generation != self._generation:
+            return  # reset meanwhile: whether before or after this write is unknown
         self._cached = dataclasses.replace(written, state=self._state)
         self._term = token if self._state_known else None
 
@@ -157,11 +175,13 @@ class Progress:
         if timeout_s <= 0:
             raise self._lost(token)
         self._state_known = False  # until it is known whether the state was saved
+        generation = self._generation
         save = StateSave(self._job, token, self._node_id, state_json, self._retention_s)
         saved = await self._store.save_state(save, timeout_s=timeout_s)
         if not saved:
             raise self._lost(token)
-        self._state, self._state_known = json.loads(state_json), True
+        if generation == self._generation:  # else reset meanwhile: the next run reads again
+            self._state, self._state_known = json.loads(state_json), True
 
     def _lost(self, token: int) -> LeadershipLost:
         return LeadershipLost(

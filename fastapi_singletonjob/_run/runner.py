@@ -7,7 +7,10 @@ here. The election is reached through ``_run/leadership.py``'s ``Leadership``.
 A job has at most one run in flight: a tick that comes while a run is still going is dropped
 and counted, never queued. Leadership is checked synchronously right before the job's code
 starts, so a node whose lease ran out, even while its event loop was blocked, never starts a
-run.
+run; and the pause as the election last learned it is checked at every start, each instant of
+a catch-up included. Every run whose code began is recorded in the checkpoint with how it
+ended, a run cancelled at shutdown too (the write is shielded from the cancel, and fenced: a
+term that ended records nothing).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from .._clock import Clock
 from .._job.context import JobContext
 from .._job.spec import JobSpec
 from .._outcomes import DropReason, JobStats, Outcome, RunRecord
-from .._schedule import policy_of
+from .._schedule import count_instants, policy_of
 from .._store.base import ClaimResult
 from .._telemetry import NOT_LEADER, Telemetry
 from .invoke import Invoker, NotStarted, summary
@@ -38,6 +41,12 @@ __all__ = ["JobRunner"]
 logger = logging.getLogger("fastapi_singletonjob.runner")
 
 _CLAIM_RETRY_S = 0.05
+RECORD_AFTER_CANCEL_S = 2.0
+"""Longest wait for the checkpoint record of a run cancelled from outside (shutdown): well
+within the engine's grace for cancelled runs (``CANCEL_GRACE_S``), after which their locks
+are left to expire."""
+_MAX_COUNTED = 10**4
+"""Most instants counted at once as dropped when a pause ends a catch-up."""
 
 RunEnded = Callable[[str, "float | None"], None]
 """Called with the job's name when a run (or an attempt to start one) has ended, and, when an
@@ -109,6 +118,11 @@ class JobRunner:
     def close(self) -> None:
         """Shutdown: no run starts any more (the runs in flight go on)."""
         self._closed = True
+
+    def forget_checkpoint(self) -> None:
+        """An operator reset the checkpoint: the next run reads it from the store."""
+        if self.progress is not None:
+            self.progress.forget()
 
     def stats_copy(self) -> JobStats:
         """A copy of the job's counters and last run, for a snapshot."""
@@ -309,7 +323,9 @@ class JobRunner:
         begun: JobContext | DropReason | None = None
         if gate is None:
             self.stats.running_since = started_at
-        if claim:
+        if self.lease.paused:  # a pause that came after the run was asked for: not claimed
+            begun = DropReason.PAUSED
+        elif claim:
             begun = await self._claim(token, scheduled_at)
         if gate is not None:
             left_s = await gate
@@ -320,6 +336,10 @@ class JobRunner:
             if not self.policy.after_run:
                 self._leadership.instant_started(self.spec.name, scheduled_at)
             begun = await self._context(token, scheduled_at, started_at)
+        if not isinstance(begun, DropReason) and self.lease.paused:
+            # Paused while the claim, the gate or the checkpoint read was on its way: the
+            # job's code has not begun, so nothing starts (the last check before it).
+            begun = DropReason.PAUSED
         resume_in_s = None
         if isinstance(begun, DropReason):
             self.drop(begun)
@@ -414,6 +434,13 @@ class JobRunner:
                 instant = next_missed(schedule, cursor, now)
                 if instant is None:
                     return
+                if self.lease.paused:
+                    # A pause ends the catch-up: the instants that came are dropped as
+                    # paused (as the timer drops those that come while it lasts).
+                    self.drop(
+                        DropReason.PAUSED, count_instants(schedule, instant, now, _MAX_COUNTED)
+                    )
+                    return
                 if is_late(instant, now, grace_s):
                     self.drop(DropReason.LATE)
                 else:
@@ -438,21 +465,54 @@ class JobRunner:
                 ran = False
                 span.set_attribute("singletonjob.outcome", DropReason.LEASE_EXPIRED.value)
                 self.drop(DropReason.LEASE_EXPIRED)
+            except asyncio.CancelledError:
+                # Cancelled from outside (shutdown, past shutdown_timeout): recorded as such
+                # while the term holds (the election renews it during the drain), then the
+                # cancel goes on.
+                await self._save_outcome(ctx, Outcome.CANCELLED, None, most_s=RECORD_AFTER_CANCEL_S)
+                raise
             else:
-                if self.progress is not None:  # before the run counts as ended
-                    await self.progress.record(
-                        ctx.fencing_token,
-                        outcome,
-                        ctx.scheduled_at,
-                        self.clock.now(),
-                        None if error is None else summary(error),
-                        self.time_left(),
-                    )
+                await self._save_outcome(ctx, outcome, error)  # before the run counts as ended
             finally:
                 if ran:
                     duration_s = self.clock.monotonic() - started
                     self._telemetry.run_finished(span, ctx.job, outcome, duration_s, error)
                     self._record(ctx, outcome, error, duration_s)
+
+    async def _save_outcome(
+        self,
+        ctx: JobContext,
+        outcome: Outcome,
+        error: BaseException | None,
+        *,
+        most_s: float | None = None,
+    ) -> None:
+        """Record the run in the checkpoint, fenced (a term that ended writes nothing), the
+        store call bounded by the time left on the lease (and by ``most_s``). The write is
+        shielded: a cancel that lands meanwhile (shutdown) waits for it and goes on after."""
+        if self.progress is None:
+            return
+        timeout_s = self.time_left() if most_s is None else min(self.time_left(), most_s)
+        write = asyncio.create_task(
+            self.progress.record(
+                ctx.fencing_token,
+                outcome,
+                ctx.scheduled_at,
+                self.clock.now(),
+                None if error is None else summary(error),
+                timeout_s,
+            ),
+            name=f"singletonjob record {self.spec.name!r}",
+        )
+        cancelled = False
+        while not write.done():
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+        write.result()
 
     def _record(
         self, ctx: JobContext, outcome: Outcome, error: BaseException | None, duration_s: float

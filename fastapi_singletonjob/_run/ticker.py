@@ -86,8 +86,9 @@ class _Slot:
 
 class Ticker:
     """The one timer of a node: each job's runner is ``add``-ed before ``run``. Hears from
-    the election (``term_started``, ``triggered``: a ``TermListener``) and from the runners
-    (``run_ended``), and keeps its own state: each job's next run and schedule failure."""
+    the election (``term_started``, ``triggered``, ``checkpoint_reset``: a ``TermListener``)
+    and from the runners (``run_ended``), and keeps its own state: each job's next run and
+    schedule failure."""
 
     def __init__(
         self,
@@ -175,6 +176,13 @@ class Ticker:
             return
         logger.info("node %s starts an extra run of job %r, as an operator asked", runner.node, job)
         runner.start(self._clock.now())
+
+    def checkpoint_reset(self, job: str) -> None:
+        """An operator reset the checkpoint of ``job``, which this node leads: its runner
+        forgets the copy it keeps, and the next run reads the store."""
+        slot = self._slots.get(job)
+        if slot is not None:
+            slot.runner.forget_checkpoint()
 
     def run_ended(self, job: str, resume_in_s: float | None = None) -> None:
         """A run of ``job`` ended (``JobRunner``'s ``on_end``): an interval job counts its

@@ -127,6 +127,9 @@ class LeaseReply:
     """An operator asked for one extra run now; reported once, to the holder only."""
     step_down: bool = False
     """An operator asked the holder to hand the job over; reported once, to the holder only."""
+    checkpoint_reset: bool = False
+    """An operator reset the job's checkpoint (``reset_checkpoint``): the holder forgets the
+    copy it keeps, and its next run reads the store; reported once, to the holder only."""
 
     @property
     def token(self) -> int | None:
@@ -270,7 +273,10 @@ class Store(Protocol):
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
         """Delete ``job``'s checkpoint, unfenced (an operator's action); True if there was
-        one."""
+        one. In the same call, while a node holds the job's lock, leave its holder a one-shot
+        ``reset`` control (reported by its next ``elect`` as ``LeaseReply.checkpoint_reset``,
+        so that it forgets the copy it keeps) and wake every node's election, as
+        ``set_control`` does."""
         ...
 
     def announce(self, membership: Membership) -> None:

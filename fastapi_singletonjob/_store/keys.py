@@ -55,8 +55,10 @@ key                                            type    content
 ``singletonjob:{<project>}:controls``          hash    operators' controls, no TTL:
                                                        ``paused:<job>`` -> JSON (``at``, ``by``),
                                                        present while the job is paused;
-                                                       ``trigger:<job>`` and ``step-down:<job>``
-                                                       -> ``1``, a request the job's leader
+                                                       ``trigger:<job>``, ``step-down:<job>``
+                                                       and ``reset:<job>`` (left by a checkpoint
+                                                       reset while the job has a leader) ->
+                                                       ``1``, a request the job's leader
                                                        consumes (deletes) in its next ``ELECT``
 =============================================  ======  =============================================
 """
@@ -92,10 +94,11 @@ records (owner id -> JSON); ``nodes:expiry`` the sorted set of their expiries (o
 server time in ms); ``nodes:placement`` the hash of when each member joined and which jobs it
 runs (a digest), and the epoch; ``controls`` the hash of operators' controls (``Control``)."""
 
-Control = Literal["paused", "trigger", "step-down"]
+Control = Literal["paused", "trigger", "step-down", "reset"]
 """The fields of the ``controls`` hash, one of each per job (``<control>:<job>``): ``paused``
 present while the job is paused; ``trigger`` asks the job's leader for one extra run;
-``step-down`` asks the job's leader to hand it over."""
+``step-down`` asks the job's leader to hand it over; ``reset`` tells the job's leader that its
+checkpoint was reset (it forgets the copy it keeps)."""
 
 
 def _tag(project: str) -> str:

@@ -3,8 +3,8 @@ the injected clock, for one process (tests, a single replica).
 
 It does in Python what the Redis scripts do (``_store.redis.scripts``): ``ELECT`` with the
 membership, the placement and the controls, ``RELEASE``, ``CLAIM``, the fenced ``RECORD_RUN``
-and ``SAVE_STATE``, ``CONTROL``, and the cluster read; locks and records expire on the
-clock's ``monotonic()``, and its ``now()`` is the store's clock.
+and ``SAVE_STATE``, ``CONTROL``, ``RESET_CHECKPOINT``, and the cluster read; locks and records
+expire on the clock's ``monotonic()``, and its ``now()`` is the store's clock.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class MemoryLeaseStore:
             record = self._data.checkpoints.get(key)
             if held and request.retention_s is not None and record and record[1] > now:
                 self._data.checkpoints[key] = (record[0], now + request.retention_s)
-            paused, triggered, step_down = self._flags(request.job, held)
+            paused, triggered, step_down, reset = self._flags(request.job, held)
             replies.append(
                 LeaseReply(
                     request.job,
@@ -146,6 +146,7 @@ class MemoryLeaseStore:
                     paused=paused,
                     triggered=triggered,
                     step_down=step_down,
+                    checkpoint_reset=reset,
                 )
             )
         await asyncio.sleep(0)  # a real store is a suspension point too
@@ -255,19 +256,19 @@ class MemoryLeaseStore:
         ]
         member.placed(now_ms, epoch, flat if epoch != member.epoch else [])
 
-    def _flags(self, job: str, held: bool) -> tuple[bool, bool, bool]:
-        """The job's controls for one ``elect`` reply: paused, triggered, step-down; the
-        requests are consumed by the holder only."""
+    def _flags(self, job: str, held: bool) -> tuple[bool, bool, bool, bool]:
+        """The job's controls for one ``elect`` reply: paused, triggered, step-down, reset;
+        the requests are consumed by the holder only."""
         controls = self._data.controls
         paused = self._key(_keys.control_field("paused", job)) in controls
         if not held:
-            return paused, False, False
+            return paused, False, False, False
 
         def take(control: _keys.Control) -> bool:
             key = self._key(_keys.control_field(control, job))
             return controls.pop(key, None) is not None
 
-        return paused, take("trigger"), take("step-down")
+        return paused, take("trigger"), take("step-down"), take("reset")
 
     async def set_control(
         self, field: str, value: str | None, *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
@@ -280,10 +281,15 @@ class MemoryLeaseStore:
         else:
             changed = key not in self._data.controls
             self._data.controls[key] = value
-        job = frozenset({field.partition(":")[2]})  # as CONTROL's "control <job>" notice
+        self._notify_control(field)
+        return changed
+
+    def _notify_control(self, field: str) -> None:
+        """Wake every node's election about the job of ``field``, as the scripts' "control
+        <job>" notice does."""
+        job = frozenset({field.partition(":")[2]})
         for listener in list(self._data.listeners):
             listener(job)
-        return changed
 
     async def leave(self) -> None:
         """See ``Store.leave``."""
@@ -389,10 +395,16 @@ class MemoryLeaseStore:
     async def reset_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
-        """See ``Store.reset_checkpoint``."""
+        """See ``Store.reset_checkpoint``: as ``RESET_CHECKPOINT``, the control for the
+        holder is left while a lock exists."""
         await asyncio.sleep(0)
         found = self._record(job) is not None
         self._data.checkpoints.pop(self._key(job), None)
+        lock = self._data.locks.get(self._key(job))
+        if lock is not None and lock[1] > self._clock.monotonic():
+            field = _keys.control_field("reset", job)
+            self._data.controls[self._key(field)] = "1"
+            self._notify_control(field)
         return found
 
     def _record(self, job: str) -> dict[str, str] | None:

@@ -1,6 +1,7 @@
 """Checkpoints on Redis: the fenced ``RECORD_RUN`` (coalesced, ``_store.redis.batch``) and
-``SAVE_STATE`` scripts with their ``KEYS``, and the operators' read and reset. The arguments
-are encoded in ``_store.records``, the record itself in ``_checkpoint``."""
+``SAVE_STATE`` scripts with their ``KEYS``, and the operators' read and reset (the
+``RESET_CHECKPOINT`` script, which also tells the job's leader). The arguments are encoded in
+``_store.records``, the record itself in ``_checkpoint``."""
 
 from __future__ import annotations
 
@@ -37,12 +38,17 @@ class RedisCheckpoints:
     """The checkpoint methods of the Redis store: one call each, on the topology's calls
     client (never the election's), bounded by ``timeout_s``."""
 
-    def __init__(self, topology: Topology, project: str, *, clock: Clock) -> None:
+    def __init__(self, topology: Topology, project: str, channel: str, *, clock: Clock) -> None:
         self._topology = topology
         self._project = project
+        self._channel = channel
         client = topology.calls
         self._record_run = client.register_script(_scripts.RECORD_RUN)
         self._save_state = client.register_script(_scripts.SAVE_STATE)
+        # The reset's notice goes by the pub/sub of the releases (sharded on a cluster).
+        self._reset = client.register_script(
+            _scripts.RESET_CHECKPOINT_SHARDED if topology.sharded else _scripts.RESET_CHECKPOINT
+        )
         self._batcher: Batcher[tuple[str, list[str]], Any] = Batcher(self._record_runs, clock=clock)
 
     async def record_run(
@@ -145,10 +151,16 @@ class RedisCheckpoints:
     async def reset_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
-        """See ``Store.reset_checkpoint``: one ``DEL``."""
-        key = _keys.job_key(self._project, job, "checkpoint")
+        """See ``Store.reset_checkpoint``: one ``RESET_CHECKPOINT`` script call, which also
+        tells the job's leader."""
+        keys = [
+            _keys.job_key(self._project, job, "checkpoint"),
+            _keys.job_key(self._project, job, "lock"),
+            _keys.project_key(self._project, "controls"),
+        ]
+        args = [self._channel, _keys.control_field("reset", job)]
         deleted = await self._call(
-            f"reset the checkpoint of job {job!r}", self._topology.calls.delete(key), timeout_s
+            f"reset the checkpoint of job {job!r}", self._reset(keys=keys, args=args), timeout_s
         )
         return int(deleted) > 0
 

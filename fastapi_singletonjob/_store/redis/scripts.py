@@ -20,6 +20,8 @@ __all__ = [
     "RECORD_RUN",
     "RELEASE",
     "RELEASE_SHARDED",
+    "RESET_CHECKPOINT",
+    "RESET_CHECKPOINT_SHARDED",
     "SAVE_STATE",
 ]
 
@@ -29,7 +31,7 @@ __all__ = [
 # KEYS[1]    - the project's membership hash (owner id -> record JSON)
 # KEYS[2]    - the membership expiries (sorted set: owner id -> server time in ms)
 # KEYS[3]    - the project's controls hash (``paused:<job>``, ``trigger:<job>``,
-#              ``step-down:<job>``)
+#              ``step-down:<job>``, ``reset:<job>``)
 # KEYS[4]    - the project's placement hash (owner id -> "<joined, server ms>|<jobs digest>",
 #              and "#epoch" -> a counter that grows whenever a member joins or leaves)
 # KEYS[3i+2] - lock key of job i   KEYS[3i+3] - fence key of job i   KEYS[3i+4] - its checkpoint
@@ -59,8 +61,9 @@ __all__ = [
 #   "READONLY ..." on a replica: the caller raises StoreReadOnly for the latter);
 #   the lock's value "<token>|<holder>" after the call (or the error message);
 #   the lock's remaining time to live in milliseconds (-1: no expiry, or an error);
-#   the job's controls as bits: 1 paused; 2 an extra run asked for, and 4 a step-down asked
-#   for, both consumed (deleted) by this call, and only ever reported to the lock's holder.
+#   the job's controls as bits: 1 paused; 2 an extra run asked for, 4 a step-down asked
+#   for, and 8 the checkpoint reset (``RESET_CHECKPOINT``), each of these three consumed
+#   (deleted) by this call, and only ever reported to the lock's holder.
 #   The controls hash is read once (HLEN, then HGETALL only when it is not empty).
 # Then the server time in ms and the placement epoch; and, when that epoch is not ARGV[4] and
 # the caller keeps a membership record, the placement hash's fields and values, flat.
@@ -158,6 +161,10 @@ for i = 1, (#KEYS - 4) / 3 do
       redis.call('HDEL', KEYS[3], 'step-down:' .. name)
       flags = flags + 4
     end
+    if status == 1 and asked['reset'] then
+      redis.call('HDEL', KEYS[3], 'reset:' .. name)
+      flags = flags + 8
+    end
   end
   table.insert(out, status)
   table.insert(out, value)
@@ -193,6 +200,27 @@ else
 end
 redis.call('PUBLISH', ARGV[1], 'control ' .. (string.match(ARGV[2], ':(.*)') or ''))
 return changed
+"""
+
+# Reset a job's checkpoint (an operator's action, unfenced) and tell its leader, at once.
+#
+# KEYS[1] - the job's checkpoint key    KEYS[2] - the job's lock key
+# KEYS[3] - the project's controls hash
+# ARGV[1] - the release channel ("control <job>" wakes every node for a round about the job)
+# ARGV[2] - the field ``reset:<job>``
+#
+# Deletes the record; while the lock exists (some node leads the job), sets the field to "1"
+# and publishes the notice, so that the holder's next ELECT (brought forward by the notice)
+# reports the reset (bit 8) and the holder forgets the copy of the record it keeps. Without a
+# lock no node keeps a copy worth forgetting: a new term reads the record first. Returns the
+# number of records deleted (0 or 1).
+RESET_CHECKPOINT = """
+local deleted = redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HSET', KEYS[3], ARGV[2], '1')
+  redis.call('PUBLISH', ARGV[1], 'control ' .. (string.match(ARGV[2], ':(.*)') or ''))
+end
+return deleted
 """
 
 # Release the locks a node holds, record the last instant each ran, and tell the other nodes.
@@ -249,7 +277,9 @@ def _sharded(script: str) -> str:
     return sharded
 
 
-CONTROL_SHARDED, ELECT_SHARDED, RELEASE_SHARDED = map(_sharded, (CONTROL, ELECT, RELEASE))
+CONTROL_SHARDED, ELECT_SHARDED, RELEASE_SHARDED, RESET_CHECKPOINT_SHARDED = map(
+    _sharded, (CONTROL, ELECT, RELEASE, RESET_CHECKPOINT)
+)
 
 # Claim instants of jobs before running them, so that no instant runs twice across leaders:
 # the claims made while the node's previous claim was in flight, sent together.

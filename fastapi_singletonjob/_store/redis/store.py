@@ -88,7 +88,7 @@ class RedisStore:
             _scripts.RELEASE_SHARDED if topology.sharded else _scripts.RELEASE
         )
         self._claims = RedisClaims(topology, project, clock=clock)
-        self._checkpoints = RedisCheckpoints(topology, project, clock=clock)
+        self._checkpoints = RedisCheckpoints(topology, project, self._channel, clock=clock)
         self._controls = RedisControls(topology, project, self._channel)
         self._subscription = ReleaseSubscription(topology, self._channel, clock=clock)
 
@@ -167,6 +167,7 @@ class RedisStore:
                     paused=bool(int(flags) & 1),
                     triggered=bool(int(flags) & 2),
                     step_down=bool(int(flags) & 4),
+                    checkpoint_reset=bool(int(flags) & 8),
                 )
             )
         if not self._checked_server:
