@@ -18,7 +18,9 @@ key                                            type    content
 ``singletonjob:{<project>}:<job>:checkpoint``  hash    the job's checkpoint (``_checkpoint``), every
                                                        field a string: ``iteration``,
                                                        ``last_scheduled_us`` and
-                                                       ``last_completed_us`` (µs since the epoch),
+                                                       ``last_completed_us`` (µs since the epoch;
+                                                       the latter on the server clock, stamped by
+                                                       ``RECORD_RUN``),
                                                        ``last_outcome``, ``last_error``,
                                                        ``node_id``, ``fencing_token``, ``state``
                                                        (JSON text); a field that is None is absent.
