@@ -10,6 +10,7 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,23 @@ async def test_one_runner_and_a_pushed_handover_on_a_cluster_url(
     tokens = [run.token for run in runs]
     assert tokens == sorted(tokens)
     assert runs[-1].node == follower.node_id
+
+
+async def test_the_cluster_view_reads_a_redis_cluster(
+    cluster: TestCluster, unique_project: str
+) -> None:
+    """``cluster_status()`` (``GET /cluster``, ``singletonjob status``) on a Redis Cluster: the
+    server's time is read apart from the pipeline, which a cluster client refuses ``TIME`` in
+    ("Calling pipelined function time is blocked when running redis in cluster mode")."""
+    runs: list[Run] = []
+    jobs = node(cluster.url, unique_project, "a", runs)
+    async with jobs:
+        await wait_until(lambda: len(runs) >= 3, 5.0, "3 runs")
+        view = await jobs.cluster_status()
+    assert [member.node_id for member in view.nodes] == ["a"]
+    assert [job.name for job in view.jobs] == ["tick"]
+    assert view.jobs[0].leader == "a"
+    assert abs((view.observed_at - datetime.now(UTC)).total_seconds()) < 5.0, "server clock"
 
 
 async def test_a_cluster_client_passed_in_is_used_and_left_open(

@@ -27,7 +27,7 @@ from .. import keys as _keys
 from ..records import RUN_FIELDS, retention_ms, run_args, token_text
 from . import scripts as _scripts
 from .batch import Batcher
-from .topology import Topology
+from .topology import Topology, server_time
 
 __all__ = ["RedisCheckpoints"]
 
@@ -135,9 +135,7 @@ class RedisCheckpoints:
                 raw: Any = await client.hgetall(key)
             except ResponseError as exc:
                 raw = exc
-            time: Any = await client.time(target_nodes=client.get_node_from_key(key))
-            if isinstance(time, dict):  # a reply per node, from the one node asked
-                (time,) = time.values()
+            time: Any = await server_time(client, key)
         else:
             async with client.pipeline(transaction=False) as pipe:
                 pipe.hgetall(key)

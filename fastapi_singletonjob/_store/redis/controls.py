@@ -16,7 +16,7 @@ from ..base import DEFAULT_CONTROL_TIMEOUT_S, ClusterData, JobData
 from ..membership import MemberRecord, Membership
 from ..records import job_names, last_us
 from . import scripts as _scripts
-from .topology import Topology
+from .topology import Topology, server_time
 
 __all__ = ["RedisControls"]
 
@@ -69,12 +69,17 @@ class RedisControls:
 
     async def _read_cluster(self, extra: list[str]) -> ClusterData:
         project, client = self._project, self._topology.calls
+        nodes = _keys.project_key(project, "nodes")
         async with client.pipeline(transaction=False) as pipe:
-            pipe.time()
-            pipe.hgetall(_keys.project_key(project, "nodes"))
+            if not self._topology.sharded:  # a cluster refuses TIME in a pipeline
+                pipe.time()
+            pipe.hgetall(nodes)
             pipe.zrange(_keys.project_key(project, "nodes:expiry"), 0, -1, withscores=True)
             pipe.hgetall(_keys.project_key(project, "controls"))
-            (seconds, micros), records, expiries, raw_controls = await pipe.execute()
+            replies = await pipe.execute()
+        if self._topology.sharded:
+            replies = [await server_time(client, nodes), *replies]
+        (seconds, micros), records, expiries, raw_controls = replies
         now_ms = seconds * 1000 + micros // 1000
         now = datetime.fromtimestamp(now_ms / 1000, UTC)
         members = []

@@ -19,7 +19,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from ..._errors import StoreReadOnly
 
-__all__ = ["Client", "Topology", "warn_eviction"]
+__all__ = ["Client", "Topology", "server_time", "warn_eviction"]
 
 logger = logging.getLogger("fastapi_singletonjob.store")
 
@@ -119,3 +119,17 @@ def warn_eviction(info: Mapping[str, Any], shown: str) -> None:
             shown,
             policy,
         )
+
+
+async def server_time(client: Client, key: str) -> tuple[int, int]:
+    """``TIME`` (seconds, microseconds) of the server that holds ``key``: on a cluster, its
+    slot's master (a cluster client refuses ``TIME`` inside a pipeline, and asks every node
+    for it unless told which)."""
+    if isinstance(client, RedisCluster):
+        reply: Any = await client.time(target_nodes=client.get_node_from_key(key))
+        if isinstance(reply, dict):  # a reply per node, from the one node asked
+            (reply,) = reply.values()
+    else:
+        reply = await client.time()
+    seconds, micros = reply
+    return int(seconds), int(micros)
