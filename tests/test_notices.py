@@ -10,12 +10,15 @@ import time
 from collections.abc import Sequence
 
 import redis
+from fake_nodes import stop
 from waiting import wait_until
 
 from fastapi_singletonjob import SingletonJobs
 from fastapi_singletonjob._election.elector import NOTICE_BURST
 from fastapi_singletonjob._store.base import LeaseReply, LeaseRequest
 from fastapi_singletonjob._store.keys import release_channel
+from fastapi_singletonjob._store.memory import MemoryLeaseStore
+from fastapi_singletonjob.testing import FakeClock
 
 HEARTBEAT_S = 0.5
 EXPIRY_S = 3.0
@@ -121,3 +124,97 @@ async def test_a_flood_on_the_release_channel_wakes_at_most_a_round_per_heartbea
     finally:
         for jobs in nodes:
             await jobs.stop()
+
+
+# --- a lost notice, on a fake clock (memory store, zero real time) -----------------------
+
+LOST_HEARTBEAT_S = 0.2
+LOST_EXPIRY_S = 2.0
+
+
+def fake_node(clock: FakeClock, project: str, name: str) -> SingletonJobs:
+    jobs = SingletonJobs(
+        "memory://",
+        project=project,
+        node_id=name,
+        heartbeat_interval=LOST_HEARTBEAT_S,
+        lock_expiry=LOST_EXPIRY_S,
+        shutdown_timeout=0.5,
+        clock=clock,
+        placement="first",
+    )
+
+    @jobs.interval("sweep", every=60, checkpoint=False)
+    async def sweep() -> None: ...
+
+    return jobs
+
+
+def deaf(jobs: SingletonJobs) -> None:
+    """From now on ``jobs`` hears no release notice: its listener is gone from the store."""
+    engine = jobs.engine
+    assert engine is not None and isinstance(engine.store, MemoryLeaseStore)
+    listeners = engine.store._data.listeners
+    for listener in list(listeners):
+        if getattr(listener, "__self__", None) is engine.elector:
+            listeners.discard(listener)
+    assert all(getattr(x, "__self__", None) is not engine.elector for x in listeners)
+
+
+def leads(jobs: SingletonJobs, job: str = "sweep") -> bool:
+    return jobs.engine is not None and jobs.engine.elector.is_leader(job)
+
+
+async def lost_notice_gap(clock: FakeClock, project: str, phase_s: float, step_down: bool) -> float:
+    """Seconds from the holder's release (a graceful stop, or a step-down) to the other
+    node's lead, when the other node never hears the notice."""
+    a, b = fake_node(clock, project, "a"), fake_node(clock, project, "b")
+    await a.start()
+    await clock.advance(0.5)
+    await b.start()
+    try:
+        assert leads(a) and not leads(b)
+        deaf(b)
+        await clock.advance(0.5 + phase_s)
+        began = clock.monotonic()
+        if step_down:
+            await a.step_down("sweep")
+        else:
+            await stop(a, clock, step_s=0.001)
+        while not leads(b):
+            await clock.advance(0.001)
+            assert clock.monotonic() - began < 2 * LOST_EXPIRY_S, "b never took over"
+        return clock.monotonic() - began
+    finally:
+        for jobs in (a, b):
+            if jobs.engine is not None:
+                await stop(jobs, clock)
+
+
+async def test_a_graceful_stop_whose_notice_is_lost_is_taken_over_within_a_heartbeat(
+    unique_project: str,
+) -> None:
+    """The leaver leaves the membership before it releases: the other node's next round sees
+    it gone and asks about its jobs at once, and in every round after, so that the release is
+    found within a heartbeat (plus the round trips) though its notice never came."""
+    clock = FakeClock()
+    gaps = [
+        await lost_notice_gap(clock, f"{unique_project}-{k}", 0.037 * k, step_down=False)
+        for k in range(8)
+    ]
+    print("gaps after a graceful stop, notice lost:", [round(g, 3) for g in gaps])
+    assert max(gaps) <= LOST_HEARTBEAT_S + 0.01, gaps
+
+
+async def test_a_step_down_whose_notice_is_lost_is_taken_over_within_half_a_lock_expiry(
+    unique_project: str,
+) -> None:
+    """A step-down leaves its node a member: the watcher finds the free lock at its next
+    check of its watched jobs, every half lock expiry, so at most that plus a heartbeat."""
+    clock = FakeClock()
+    gaps = [
+        await lost_notice_gap(clock, f"{unique_project}-{k}", 0.13 * k, step_down=True)
+        for k in range(8)
+    ]
+    print("gaps after a step-down, notice lost:", [round(g, 3) for g in gaps])
+    assert max(gaps) <= LOST_EXPIRY_S / 2 + LOST_HEARTBEAT_S + 0.01, gaps

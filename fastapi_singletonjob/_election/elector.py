@@ -383,9 +383,18 @@ class Elector:
         if resigned:
             await self.release(resigned)
         self._spreader.refresh(self.leases)
+        departed = self._spreader.take_departed()
         if self._placing is not None:
             self._placing.observed(self.leases, holders)
         await self._hand_over()
+        if self.failures == 0 and any(
+            lease.token is None and lease.wanted and lease.holder in departed
+            for lease in self.leases.values()
+        ):
+            # A holder left the membership (a graceful stop does, before it releases): the
+            # next round, now, asks about its jobs, so that a release whose notice is lost is
+            # found within a heartbeat of the leave.
+            return 0.0
         if self._placing is not None:
             looked_at = {
                 request.job: holders[request.job]
