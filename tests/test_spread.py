@@ -5,13 +5,17 @@ the leaver's jobs, and ``placement="first"`` keeps first-come leadership."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 
 import pytest
 from fake_nodes import kill, stop
 
-from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob import FixedRate, JobContext, SingletonJobs
+from fastapi_singletonjob._election.placement import rank
 from fastapi_singletonjob.testing import FakeClock
 
 HEARTBEAT_S = 0.1
@@ -255,3 +259,79 @@ async def test_moves_go_when_runs_end_though_every_round_of_the_leader_falls_in_
     counts = Counter(history[-1].values())
     print(f"after {EXPIRY_S + 2.0:g} s: {dict(counts)}")
     assert counts["web-b"] >= 2, counts
+
+
+class FailsOnce:
+    """A custom schedule every ``every_s`` whose first ``next_fire`` raises (a calendar
+    service that was down once): the job retires on that node."""
+
+    def __init__(self, every_s: float, *, fail: bool) -> None:
+        self._grid = FixedRate(every_s)
+        self._fail = fail
+
+    def next_fire(self, after: datetime) -> datetime:
+        if self._fail:
+            self._fail = False
+            raise RuntimeError("calendar service unavailable")
+        return self._grid.next_fire(after)
+
+
+async def test_a_job_retired_on_its_preferred_node_is_not_handed_to_it(
+    unique_project: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node whose schedule of a job failed retires the job and leaves it out of its
+    membership record and digest at once: placement stops preferring it for that job, the
+    other node keeps the job and runs every instant."""
+    clock = FakeClock()
+    job = next(
+        name for name in (f"cal-{i}" for i in range(100)) if rank(name, ["p", "q"])[0] == "p"
+    )
+    runs: list[tuple[float, str]] = []
+
+    # Eight other jobs, all preferred by q: q leads nine jobs, p none, so q hands over what
+    # placement prefers p for.
+    others = [
+        name for name in (f"other-{i}" for i in range(100)) if rank(name, ["p", "q"])[0] == "q"
+    ]
+
+    def make(name: str) -> SingletonJobs:
+        jobs = SingletonJobs(
+            "memory://",
+            project=unique_project,
+            node_id=name,
+            heartbeat_interval=HEARTBEAT_S,
+            lock_expiry=EXPIRY_S,
+            shutdown_timeout=0.5,
+            clock=clock,
+        )
+
+        @jobs.schedule(job, FailsOnce(0.2, fail=name == "p"), checkpoint=False)
+        async def calendar() -> None:
+            runs.append((clock.monotonic(), name))
+
+        for other in others[:8]:
+
+            @jobs.fixed_rate(other, every=1.0, checkpoint=False)
+            async def run() -> None: ...
+
+        return jobs
+
+    q, p = make("q"), make("p")
+    await q.start()
+    await p.start()
+    try:
+        await run_for(clock, [q, p], EXPIRY_S + 1.5)  # p settled; placement moves done
+        caplog.clear()
+        caplog.set_level(logging.INFO, logger="fastapi_singletonjob")
+        began = clock.monotonic()
+        await run_for(clock, [q, p], 6.0)
+    finally:
+        await stop(p, clock)
+        await stop(q, clock)
+    handed = [r for r in caplog.records if f"hands job {job!r} over" in r.getMessage()]
+    window = [at for at, _ in runs if at >= began]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(window)]
+    print(f"{len(window)} runs of {job} in 6 s, longest gap {max(gaps, default=0):.2f}s")
+    assert not handed, [r.getMessage() for r in handed]
+    assert {name for at, name in runs if at >= began} == {"q"}
+    assert len(window) >= 29 and max(gaps) <= 0.2 + 1e-6, (len(window), gaps)

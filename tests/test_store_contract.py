@@ -30,7 +30,7 @@ from fastapi_singletonjob._lock_value import SHOWN_VALUE_CHARS
 from fastapi_singletonjob._outcomes import Outcome
 from fastapi_singletonjob._store import keys as _keys
 from fastapi_singletonjob._store.base import LeaseReply, LeaseRequest, Store, parse_notice
-from fastapi_singletonjob._store.membership import MemberRecord, Membership
+from fastapi_singletonjob._store.membership import MemberRecord, Membership, jobs_digest
 from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore
 from fastapi_singletonjob._store.redis.store import RedisLeaseStore
@@ -342,6 +342,50 @@ async def test_many_jobs_in_one_elect(case: Case) -> None:
 
     released = await case.store.release("n1", {r.job: r.value for r in mine if r.value})
     assert released == 5
+
+
+def is_stored(member: Membership) -> bool:
+    """``member.stored``, read afresh (mypy would narrow the attribute across calls)."""
+    return member.stored
+
+
+async def test_an_updated_membership_record_is_stored_whole_with_its_new_digest(
+    case: Case,
+) -> None:
+    """A job that retires leaves the node's record and its placement digest in the next
+    call: the record is sent whole again, the placement entry keeps its join time and takes
+    the new digest, and the epoch moves, so every node places the jobs anew."""
+    store = case.store
+    record = MemberRecord("n1", "n1#1", "0", datetime.now(UTC), {"a": "x", "b": "y"}, 5)
+    member = Membership(record)
+    store.announce(member)
+    await store.elect("n1#1", [LeaseRequest("a", TTL_S)])
+    assert is_stored(member)
+    joined, digest = member.peers["n1#1"]
+    epoch = member.epoch
+    assert digest == jobs_digest(["a", "b"])
+
+    member.drop_jobs(["b"])
+    assert not is_stored(member) and member.digest == jobs_digest(["a"])
+    await store.elect("n1#1", [LeaseRequest("a", TTL_S)])
+
+    assert is_stored(member)
+    assert member.epoch != epoch
+    assert member.peers["n1#1"] == (joined, jobs_digest(["a"]))
+    if not isinstance(store, ClusterLeaseStore):  # read_cluster fails there: a pipelined TIME
+        read = await store.read_cluster()
+        [stored] = [m for m, _ in read.members if m.owner == "n1#1"]
+        assert stored.jobs == {"a": "x"}
+
+
+def test_a_call_sent_before_an_update_does_not_confirm_the_new_record() -> None:
+    record = MemberRecord("n1", "n1#1", "0", datetime.now(UTC), {"a": "x", "b": "y"}, 5)
+    member = Membership(record)
+    member.confirmed(bool(member.payload()))
+    assert is_stored(member) and member.payload() == ""  # an election call in flight
+    member.drop_jobs(["b"])
+    member.confirmed(True)  # its answer: the old record is stored
+    assert not is_stored(member) and '"b"' not in member.payload()
 
 
 async def test_claim_records_each_instant_once_for_the_holder(case: Case) -> None:

@@ -30,9 +30,54 @@ from .lease import Lease, LeaseView
 from .placement import Spreader
 from .terms import TermListener, Terms
 
-__all__ = ["ElectionStatus", "Elector"]
+__all__ = ["NOTICE_BURST", "ElectionStatus", "Elector", "NoticeBudget"]
 
 logger = logging.getLogger("fastapi_singletonjob.election")
+
+NOTICE_BURST = 2
+"""How many rounds release-channel messages may wake at once after a quiet spell; beyond it,
+one per heartbeat (``NoticeBudget``)."""
+
+
+class NoticeBudget:
+    """How many extra rounds the release channel may still wake: a token bucket of
+    ``NOTICE_BURST`` rounds, refilled one per heartbeat. Whatever arrives on the channel (a
+    handover, an operator's control, junk from a client that may only ``PUBLISH``), it costs
+    Redis at most one extra round per heartbeat per node over time; the burst lets the few
+    notices of one handover go at once (an operator's control, then the holder's release; a
+    shutdown's release of its idle jobs, then of a drained run's)."""
+
+    __slots__ = ("_at", "_heartbeat_s", "_tokens")
+
+    _SLACK = 1e-9
+    """A token this close to whole counts whole: a wait computed from the budget, slept on a
+    fake clock, must never end a hair too early for good."""
+
+    def __init__(self, heartbeat_s: float) -> None:
+        self._heartbeat_s = heartbeat_s
+        self._tokens = float(NOTICE_BURST)
+        self._at = float("-inf")
+
+    def _refill(self, now: float) -> None:
+        if now > self._at:
+            gained = (now - self._at) / self._heartbeat_s
+            self._tokens = min(float(NOTICE_BURST), self._tokens + gained)
+            self._at = now
+
+    def take(self, now: float) -> bool:
+        """Spend one woken round now, if there is one to spend."""
+        self._refill(now)
+        if self._tokens >= 1.0 - self._SLACK:
+            self._tokens = max(0.0, self._tokens - 1.0)
+            return True
+        return False
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until a woken round may be spent (0: now)."""
+        self._refill(now)
+        if self._tokens >= 1.0 - self._SLACK:
+            return 0.0
+        return (1.0 - self._tokens) * self._heartbeat_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +139,13 @@ class Elector:
         self._rng = rng
         self._phase = rng()  # where in each heartbeat this node's rounds fall
         self._wake = Alarm(clock)
-        """Rung when a node released locks: run a round now."""
+        """Rung when a round should come now (``_round_due``), or when a notice waits for
+        the budget (``_notice_waits``): the pause between rounds recomputes its end."""
+        self._round_due = False
+        self._notice_waits = False
+        """Notices came that the budget did not let wake a round: the next round, at the
+        latest when the budget allows one, asks about what they named."""
+        self._notices = NoticeBudget(heartbeat_s)
         self._deadlines_moved = Alarm(clock)
         """Rung when a deadline moved or a run may wait on ``leadership_lost``: the watchdog
         recomputes its sleep."""
@@ -194,21 +245,36 @@ class Elector:
         self.terms.run_ended(job)
         spread = self._placing
         if self.leases[job].stepping_down or (spread is not None and spread.waits_for(job)):
-            self._wake.ring()
+            self._round_now()
 
     def retry_now(self) -> None:
         """Run a round now instead of waiting out the backoff (the store answers again)."""
+        self._round_now()
+
+    def _round_now(self) -> None:
+        self._round_due = True
         self._wake.ring()
 
     def wake(self, jobs: frozenset[str] | None = None) -> None:
-        """Run a round now: ``jobs`` were released somewhere (None: a control changed, or the
-        notice named no job), and the round asks about them, whatever their seen leases."""
-        self._notice_at = self._clock.monotonic()
-        if jobs is None:
-            self._interest.everything()
-        else:
+        """A message on the release channel: ``jobs`` were released somewhere or an operator
+        named them (None: the notice named no job, or a subscription replaced a failed one).
+        The next round asks about them, whatever their seen leases; it comes now if the
+        notice budget allows (``NoticeBudget``), else as soon as it does, or at the next
+        round due anyway. A notice that names none of this node's jobs changes nothing."""
+        if jobs is not None:
+            jobs = jobs & self.leases.keys()
+            if not jobs:
+                return
             self._interest.notice(jobs)
-        self._wake.ring()
+        else:
+            self._interest.everything()
+        now = self._clock.monotonic()
+        if self._notices.take(now):
+            self._notice_at = now
+            self._round_now()
+        else:  # merged: the pause ends when the budget allows a round
+            self._notice_waits = True
+            self._wake.ring()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -240,9 +306,28 @@ class Elector:
                 ready.set()
             while True:
                 delay = await self.round()
-                await self._wake.wait(delay)  # or at a notice; terms end at their deadlines
+                await self._pause(delay)  # or at a notice; terms end at their deadlines
         finally:
             await self._supervisor.cancel(helpers)
+
+    async def _pause(self, delay_s: float) -> None:
+        """Wait ``delay_s`` until the next round, or less: until a round is asked for now,
+        or until the notice budget allows the round that merged notices wait for."""
+        until = self._clock.monotonic() + delay_s
+        while not self._round_due:
+            now = self._clock.monotonic()
+            left_s = until - now
+            if self._notice_waits:
+                budget_s = self._notices.wait_s(now)
+                if budget_s <= 0 and self._notices.take(now):
+                    self._notice_at = now
+                    break
+                left_s = min(left_s, budget_s)
+            if left_s <= 0:
+                break
+            await self._wake.wait(left_s)
+        # The round about to go asks about every notice merged so far.
+        self._round_due = self._notice_waits = False
 
     async def _watchdog(self) -> None:
         # Ends each term at its deadline even while a round is waiting on a slow store, so
@@ -298,9 +383,18 @@ class Elector:
         if resigned:
             await self.release(resigned)
         self._spreader.refresh(self.leases)
+        departed = self._spreader.take_departed()
         if self._placing is not None:
             self._placing.observed(self.leases, holders)
         await self._hand_over()
+        if self.failures == 0 and any(
+            lease.token is None and lease.wanted and lease.holder in departed
+            for lease in self.leases.values()
+        ):
+            # A holder left the membership (a graceful stop does, before it releases): the
+            # next round, now, asks about its jobs, so that a release whose notice is lost is
+            # found within a heartbeat of the leave.
+            return 0.0
         if self._placing is not None:
             looked_at = {
                 request.job: holders[request.job]

@@ -16,9 +16,13 @@ holder's last renewal. The other nodes ask about it only:
   once per half lock expiry times the number of members: its status shows holders at most
   that old, and Redis's cost of it does not grow with the number of replicas.
 
-A job whose holder is not a live member (a node whose membership expired, a value not of this
-library's) is watched by every node until it sees a live holder: after a crash, every node
-learns who took the dead node's jobs over. When the holder and its watcher die together, the
+A job whose holder is not a live member (a node that left the membership, one whose membership
+expired, a value not of this library's) is asked about by every node in every round until it
+sees a live holder: after a crash, every node learns who took the dead node's jobs over, and a
+graceful stop (which leaves the membership before it releases) is found within a heartbeat even
+when its release notice is lost. A step-down or a placement move leaves its node a member: when
+its notice is lost, the watcher finds the free lock at its next check, within half a lock
+expiry plus a heartbeat. When the holder and its watcher die together, the
 job waits for the watcher's membership to expire (one lock expiry), then the next node in the
 order watches it. Without a membership (a store that keeps none, or before the first round
 read it) a node watches every job.
@@ -124,6 +128,8 @@ class Interest:
         """Whether the round asks about ``lease``, which this node does not lead."""
         if self._all or lease.job in self._this_round:
             return True
+        if self._spreader is not None and self._spreader.gone(lease.holder):
+            return True  # its holder left: a release without a notice is found at once
         if not self.watches(lease):
             return False
         return self._checking or asks_about(

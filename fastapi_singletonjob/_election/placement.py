@@ -99,6 +99,11 @@ class Placement:
         self._live = frozenset(candidate.node_id for candidate in live)
 
     @property
+    def live(self) -> frozenset[str]:
+        """The live nodes of the last update."""
+        return self._live
+
+    @property
     def members(self) -> int:
         """How many live nodes the last update counted (at least 1)."""
         return max(1, len(self._live))
@@ -163,6 +168,7 @@ class Spreader:
     __slots__ = (
         "_changed_at",
         "_clock",
+        "_departed",
         "_heartbeat_s",
         "_key",
         "_let_go",
@@ -196,6 +202,8 @@ class Spreader:
         self._placement = Placement(node_id)
         self._key: tuple[str, frozenset[str]] | None = None
         self._changed_at = float("-inf")
+        self._departed: frozenset[str] = frozenset()
+        """The nodes that left the membership at the last change, until ``take_departed``."""
 
     @property
     def placement(self) -> Placement:
@@ -224,7 +232,27 @@ class Spreader:
             jobs = mine if digest == member.digest else frozenset()
             settled_here = owner in settled or candidates.get(node, _NOBODY).settled
             candidates[node] = Candidate(node, jobs, settled_here)
+        before = self._placement.live
         self._placement.update(candidates.values(), mine)
+        self._departed |= before - self._placement.live
+
+    def gone(self, holder: str | None) -> bool:
+        """Whether ``holder`` (a node id) holds a lock but is not a live member: it left (a
+        graceful stop leaves the membership before it releases), its membership expired, or
+        it is not of this library. Its locks are asked about in every round, so that one
+        released without a notice is found within a heartbeat. False before the membership
+        was read."""
+        return (
+            self._key is not None
+            and holder is not None
+            and holder != self._node_id
+            and holder not in self._placement.live
+        )
+
+    def take_departed(self) -> frozenset[str]:
+        """The nodes that left the membership since the last call."""
+        departed, self._departed = self._departed, frozenset()
+        return departed
 
     def take(self, lease: Lease) -> bool:
         """Whether this node takes ``lease``'s lock when it is free, in this round: not

@@ -270,7 +270,11 @@ class Engine:
 
     def _retire(self, runner: JobRunner) -> None:
         """The job's schedule ended or failed: once its run (if any) ends, hand its lock to
-        the other nodes, so that a job nobody runs here is not kept locked."""
+        the other nodes, so that a job nobody runs here is not kept locked. It leaves this
+        node's membership record at once, so that placement prefers another node for it."""
+        membership = self.store.membership
+        if membership is not None:
+            membership.drop_jobs([runner.spec.name])
 
         async def retire() -> None:
             if runner.current is not None:

@@ -2,10 +2,10 @@
 
 Every ``ELECT`` call keeps the caller's record in the project's ``nodes`` hash and pushes back
 its expiry (``nodes:expiry``, on the server clock); records past their expiry are dropped by
-whichever node calls next. The record is sent whole only when it is new or Redis lost it, so a
-round costs the same bytes whatever the number of jobs. Readers (the cluster view, the CLI)
-learn from the records which nodes are alive and which jobs exist, without job definitions of
-their own.
+whichever node calls next. The record is sent whole only when it is new, when it changed (a
+job retired: its schedule ended or failed) or when Redis lost it, so a round costs the same
+bytes whatever the number of jobs. Readers (the cluster view, the CLI) learn from the records
+which nodes are alive and which jobs exist, without job definitions of their own.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from .._checkpoint import digits
@@ -97,7 +97,13 @@ class Membership:
         self._json = record.to_json()
         self.digest = jobs_digest(record.jobs)
         self.stored = False
-        """True once an election call stored the record and none since reported it missing."""
+        """True once an election call stored the record as it is now and none since reported
+        it missing."""
+        self._version = 0
+        """Raised by each ``update``."""
+        self._sent_version = 0
+        """The version the last ``payload`` was taken from: a call sent before an update
+        confirms the record it carried, not the new one."""
         self.epoch = ""
         """The placement epoch of ``peers``; "" before the first call."""
         self.peers: dict[str, tuple[int, str]] = {}
@@ -139,13 +145,33 @@ class Membership:
         """The record's lifetime without a renewal, in whole milliseconds."""
         return max(1, round(self.record.ttl_s * 1000))
 
+    def update(self, record: MemberRecord) -> None:
+        """Announce ``record`` instead from the next call on: it is sent whole, and the store
+        refreshes the jobs digest of this node's placement entry (keeping its join time), so
+        that every node places the jobs by what this one runs now."""
+        if record == self.record:
+            return
+        self.record = record
+        self._json = record.to_json()
+        self.digest = jobs_digest(record.jobs)
+        self._version += 1
+        self.stored = False
+
+    def drop_jobs(self, jobs: Iterable[str]) -> None:
+        """Stop announcing ``jobs`` (they retired on this node: it no longer runs them)."""
+        gone = set(jobs)
+        kept = {name: text for name, text in self.record.jobs.items() if name not in gone}
+        self.update(replace(self.record, jobs=kept))
+
     def payload(self) -> str:
         """What the next call sends: the record, or "" when the store has it already."""
+        self._sent_version = self._version
         return "" if self.stored else self._json
 
     def confirmed(self, present: bool) -> None:
-        """Apply a call's answer: ``present`` is False when the store lost the record."""
-        self.stored = present
+        """Apply a call's answer: ``present`` is False when the store lost the record. A
+        call sent before the last ``update`` leaves the new record still to send."""
+        self.stored = present and self._sent_version == self._version
 
 
 def _placement_entry(value: str) -> tuple[int, str] | None:

@@ -240,6 +240,9 @@ class MemoryLeaseStore:
                 epochs[self._project] = epochs.get(self._project, 0) + 1
         if member.payload() or key not in members:
             members[key] = (member.record.to_json(), now + member.ttl_ms / 1000)
+            if key in joined and joined[key][1] != member.digest:  # the record changed
+                joined[key] = (joined[key][0], member.digest)
+                epochs[self._project] = epochs.get(self._project, 0) + 1
         else:
             members[key] = (members[key][0], now + member.ttl_ms / 1000)
         if key not in joined:

@@ -37,7 +37,9 @@ __all__ = [
 # KEYS[3i+2] - lock key of job i   KEYS[3i+3] - fence key of job i   KEYS[3i+4] - its checkpoint
 # ARGV[1]    - owner id of the caller
 # ARGV[2]    - the caller's membership record (JSON), or "" when it was written before and has
-#              not changed: then only its expiry is pushed back
+#              not changed: then only its expiry is pushed back. A record sent whole also
+#              refreshes the digest of the caller's placement entry when it differs from
+#              ARGV[5] (a job retired), keeping its join time, and raises the epoch
 # ARGV[3]    - how long the membership record lives without a renewal, in milliseconds, or ""
 #              for a caller without a record (nothing of the membership is read or written)
 # ARGV[4]    - the placement epoch the caller knows ("" for none)
@@ -87,6 +89,12 @@ local member = 1
 if ARGV[3] ~= '' then
   if ARGV[2] ~= '' then
     redis.pcall('HSET', KEYS[1], owner, ARGV[2])
+    local entry = redis.call('HGET', KEYS[4], owner)
+    local joined, digest = string.match(entry or '', '^(%d+)|(.*)$')
+    if joined and digest ~= ARGV[5] then
+      redis.pcall('HSET', KEYS[4], owner, joined .. '|' .. ARGV[5])
+      redis.pcall('HINCRBY', KEYS[4], '#epoch', 1)
+    end
   elseif redis.call('HEXISTS', KEYS[1], owner) == 0 then
     member = 0
   end
