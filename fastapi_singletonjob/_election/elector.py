@@ -163,8 +163,10 @@ class Elector:
             return ClaimResult.NOT_HOLDER
         try:
             # Bounded by the lease alone: claims that fire together queue for a connection,
-            # and a claim retried after a lost reply is recognised as this term's own.
-            return await within(self._store.claim(job, lease.value, instant_us), left)
+            # and a claim retried after a lost reply is recognised as this term's own. The
+            # store's own bound drops a connection that does not answer in time.
+            claim = self._store.claim(job, lease.value, instant_us, timeout_s=left)
+            return await within(claim, left)
         except Exception as exc:
             logger.warning(
                 "node %s could not claim an instant of job %r: %r", self.node_id, job, exc

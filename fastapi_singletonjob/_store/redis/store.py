@@ -28,6 +28,7 @@ from ..._clock import SYSTEM_CLOCK, Clock
 from ..._lock_value import is_lock_value
 from .. import keys as _keys
 from ..base import (
+    DEFAULT_CLAIM_TIMEOUT_S,
     DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
@@ -194,10 +195,18 @@ class RedisStore:
         return int(released)
 
     async def claim(
-        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+        self,
+        job: str,
+        value: str,
+        instant_us: int,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        timeout_s: float = DEFAULT_CLAIM_TIMEOUT_S,
     ) -> ClaimResult:
         """See ``Store.claim`` and ``RedisClaims.claim``."""
-        return await self._claims.claim(job, value, instant_us, max_ahead_us=max_ahead_us)
+        return await self._claims.claim(
+            job, value, instant_us, max_ahead_us=max_ahead_us, timeout_s=timeout_s
+        )
 
     async def listen_releases(
         self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
