@@ -173,6 +173,13 @@ class Elector:
             )
             return None
 
+    def let_go(self, job: str, cause: str) -> None:
+        """``job``'s runs cannot start on this node (``cause``): hand it over, as a
+        step-down (``Terms.let_go``), in a round at once once no run is in flight."""
+        self.terms.let_go(job, cause)
+        if not self.leases[job].running:
+            self._wake.ring()
+
     def run_started(self, job: str) -> None:
         """A run of ``job`` started (the watchdog: see ``lost_awaited``)."""
         self.terms.run_started(job)

@@ -16,6 +16,7 @@ user is never closed.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -42,7 +43,7 @@ from ..membership import Membership
 from . import scripts as _scripts
 from .checkpoints import RedisCheckpoints
 from .claims import RedisClaims
-from .connect import DEFAULT_MAX_CONNECTIONS, ELECTION_CONNECTIONS, POOL_WAIT_S
+from .connect import DEFAULT_MAX_CONNECTIONS, ELECTION_CONNECTIONS, POOL_WAIT_S, drop_idle
 from .controls import RedisControls
 from .server import SingleServer
 from .subscription import ReleaseSubscription
@@ -102,6 +103,18 @@ class RedisStore:
 
     # Leases
 
+    async def _elect_call(self, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self._elect(keys=keys, args=args)
+        except asyncio.CancelledError:
+            # Past the election's deadline (its caller's bound): redis-py drops this call's
+            # connection; the idle ones of both pools go too, as likely dead (a silent
+            # flow), so that neither the next round nor the next claim or checkpoint read
+            # waits out its deadline on one again.
+            await drop_idle(self._topology.election)
+            await drop_idle(self._topology.calls)
+            raise
+
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """See ``Store.elect``: one ``EVALSHA`` for all jobs."""
         member, project, topology = self.membership, self._project, self._topology
@@ -128,7 +141,7 @@ class RedisStore:
                 request.job,
             )
         try:
-            raw: list[Any] = await self._elect(keys=keys, args=args)
+            raw: list[Any] = await self._elect_call(keys, args)
         except ReadOnlyError as exc:  # a renewal's PEXPIRE, refused by a replica
             raise await topology.read_only("a read-only replica") from exc
         except Exception as exc:
