@@ -30,6 +30,7 @@ HEARTBEAT_S = 0.2
 LOCK_EXPIRY_S = 1.0
 SLACK_S = 0.5
 """Scheduling slack on a busy two-core machine."""
+BLACK_HOLE_S = 2.0
 RESUME_BOUND_S = LOCK_EXPIRY_S + HEARTBEAT_S + SLACK_S
 """From the freeze to the first run that starts after it: the claim in flight waits at most
 the lease's time left (under a lock expiry), then the next instant's claim goes on a fresh
@@ -75,6 +76,44 @@ async def test_a_cron_job_keeps_running_after_the_flows_go_silent(
         assert len([x for x in after if x > 1.0]) >= 4, after
         gaps = [b - a for a, b in zip(after, after[1:], strict=False)]
         assert max(gaps, default=0.0) <= 1.0 + RESUME_BOUND_S, gaps
+    finally:
+        await jobs.stop()
+
+
+async def test_runs_resume_after_silent_flows_and_a_black_hole_for_new_ones(
+    proxy: FaultProxy, unique_project: str
+) -> None:
+    """The existing flows die silently and, for 2 s, new ones are black-holed too (the
+    connections open, nothing comes back): the runs resume within a lock expiry and a
+    heartbeat after the path heals, not when TCP gives up."""
+    runs: list[float] = []
+    jobs = SingletonJobs(
+        proxy.url,
+        project=unique_project,
+        node_id="n1",
+        heartbeat_interval=HEARTBEAT_S,
+        lock_expiry=LOCK_EXPIRY_S,
+        max_backoff=1.0,
+        shutdown_timeout=1.0,
+    )
+
+    @jobs.cron("every-second", "* * * * * *")
+    async def every_second() -> None:
+        runs.append(time.monotonic())
+
+    await jobs.start()
+    try:
+        await wait_until(lambda: len(runs) >= 2, 5.0, "two runs before the freeze")
+        proxy.silence_existing()
+        proxy.blackhole()
+        await asyncio.sleep(BLACK_HOLE_S)
+        healed_at = time.monotonic()
+        proxy.pass_through()
+        await asyncio.sleep(5.0)
+        after = [at - healed_at for at in runs if at > healed_at]
+        print(f"runs after the path healed (s after it): {[round(x, 2) for x in after]}")
+        assert after and after[0] <= RESUME_BOUND_S + 1.0, after  # + the backoff (max 1 s)
+        assert len([x for x in after if x > after[0]]) >= 3, after
     finally:
         await jobs.stop()
 
