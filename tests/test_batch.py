@@ -10,7 +10,7 @@ from servers import RedisServerFactory
 
 from fastapi_singletonjob._errors import StoreReadOnly
 from fastapi_singletonjob._store.base import LeaseRequest
-from fastapi_singletonjob._store.redis.batch import Batcher
+from fastapi_singletonjob._store.redis.batch import OVERRUN_S, Batcher
 from fastapi_singletonjob._store.redis.store import RedisLeaseStore
 from fastapi_singletonjob.testing import FakeClock
 
@@ -152,6 +152,55 @@ async def test_close_fails_what_is_not_answered() -> None:
     for task in (first, waiting):
         with pytest.raises(ConnectionError, match="closed"):
             await task
+
+
+class Stuck:
+    """A sender whose first call never returns (a flow gone silent, a bound ignored)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.forever = asyncio.Event()
+
+    async def __call__(self, items: Sequence[int], timeout_s: float) -> list[int]:
+        self.batches.append(list(items))
+        if len(self.batches) == 1:
+            await self.forever.wait()
+        return [item * 10 for item in items]
+
+
+async def test_a_call_in_flight_past_its_deadline_holds_back_nothing() -> None:
+    """Issue 26, item 1: the caller of a call that never returns fails at its deadline, and
+    the next batch goes ``OVERRUN_S`` after it, without the stuck call."""
+    clock = FakeClock()
+    sender = Stuck()
+    batcher: Batcher[int, int] = Batcher(sender, clock=clock)
+    stuck = asyncio.create_task(batcher.submit(1, 1.0))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(batcher.submit(2, 1.0 + OVERRUN_S + 5.0))
+    await clock.advance(1.0)
+    with pytest.raises(ConnectionError, match="no answer within 1s"):
+        await asyncio.wait_for(stuck, 1.0)
+    assert not waiting.done() and sender.batches == [[1]]
+    await clock.advance(OVERRUN_S)
+    assert await asyncio.wait_for(waiting, 1.0) == 20
+    assert sender.batches == [[1], [2]]
+    assert await asyncio.wait_for(batcher.submit(3, 1.0), 1.0) == 30
+
+
+async def test_an_item_waiting_behind_a_call_in_flight_fails_at_its_own_deadline() -> None:
+    clock = FakeClock()
+    sender = Stuck()
+    batcher: Batcher[int, int] = Batcher(sender, clock=clock)
+    first = asyncio.create_task(batcher.submit(1, 10.0))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(batcher.submit(2, 0.5))
+    await clock.advance(0.5)
+    with pytest.raises(ConnectionError, match="time ran out"):
+        await asyncio.wait_for(waiting, 1.0)
+    assert not first.done()
+    await batcher.aclose()
+    with pytest.raises(ConnectionError):
+        await first
 
 
 @pytest.mark.redis

@@ -12,6 +12,7 @@ import pytest
 from fastapi_singletonjob._election.elector import Elector
 from fastapi_singletonjob._election.lease import Lease
 from fastapi_singletonjob._store.base import (
+    DEFAULT_CLAIM_TIMEOUT_S,
     DEFAULT_MAX_AHEAD_US,
     ClaimResult,
     LeaseReply,
@@ -51,11 +52,19 @@ class FlakyStore(MemoryLeaseStore):
         return await super().release(node_id, values, last_us)
 
     async def claim(
-        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+        self,
+        job: str,
+        value: str,
+        instant_us: int,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        timeout_s: float = DEFAULT_CLAIM_TIMEOUT_S,
     ) -> ClaimResult:
         if self.down:
             raise ConnectionError("store unreachable")
-        return await super().claim(job, value, instant_us, max_ahead_us=max_ahead_us)
+        return await super().claim(
+            job, value, instant_us, max_ahead_us=max_ahead_us, timeout_s=timeout_s
+        )
 
     async def ping(self) -> None:
         self.pings += 1

@@ -150,12 +150,12 @@ async def test_a_store_error_at_the_instant_is_retried_within_the_grace(
     real_claim = store.claim
     failures = 0
 
-    async def flaky_claim(job: str, value: str, instant_us: int) -> ClaimResult:
+    async def flaky_claim(job: str, value: str, instant_us: int, **kwargs: Any) -> ClaimResult:
         nonlocal failures
         if failures < 3:
             failures += 1
             raise ConnectionError("blip")
-        return await real_claim(job, value, instant_us)
+        return await real_claim(job, value, instant_us, **kwargs)
 
     monkeypatch.setattr(store, "claim", flaky_claim)
     await clock.advance(10.0)

@@ -5,6 +5,7 @@ and the memory store."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from fake_nodes import stop
 from test_runner import Factory, clock, engine, make
@@ -30,7 +31,7 @@ def slow_claims(jobs_engine: Engine, clock: FakeClock, delay_s: float) -> list[d
     claim = store.claim
     asked: list[datetime] = []
 
-    async def slow(job: str, value: str, instant_us: int, **kwargs: int) -> ClaimResult:
+    async def slow(job: str, value: str, instant_us: int, **kwargs: Any) -> ClaimResult:
         asked.append(clock.now())
         await clock.sleep(delay_s)
         return await claim(job, value, instant_us, **kwargs)

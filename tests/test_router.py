@@ -326,6 +326,7 @@ async def test_readiness_waits_for_the_first_answer_of_the_store(
         assert body["status"] == "unavailable"
         assert body["reason"].startswith("the lease store has not answered yet")
         degraded = await get_json(client, f"{PREFIX}/health")  # 200: HTTP is served
+        assert sorted(job["status"] for job in body.pop("jobs")) == ["disabled", "ok", "ok"]
         assert degraded == {**body, "status": "degraded"}
         assert (await get_json(client, f"{PREFIX}/health/live"))["status"] == "ok"
         server.resume()
@@ -591,6 +592,7 @@ async def test_openapi_schema_is_valid_and_names_the_response_models() -> None:
     assert "404" in schema["paths"][f"{PREFIX}/jobs/{{name}}"]["get"]["responses"]
     for probe in ("/health", "/health/live"):
         assert model_of(probe, "200") == model_of(probe, "503") == "HealthStatus"
+    assert model_of("/health/jobs", "200") == model_of("/health/jobs", "503") == "JobsHealth"
 
 
 def fake_clock_jobs(clock: FakeClock, url: str) -> SingletonJobs:

@@ -214,13 +214,22 @@ class Elector:
             return ClaimResult.NOT_HOLDER
         try:
             # Bounded by the lease alone: claims that fire together queue for a connection,
-            # and a claim retried after a lost reply is recognised as this term's own.
-            return await within(self._store.claim(job, lease.value, instant_us), left)
+            # and a claim retried after a lost reply is recognised as this term's own. The
+            # store's own bound drops a connection that does not answer in time.
+            claim = self._store.claim(job, lease.value, instant_us, timeout_s=left)
+            return await within(claim, left)
         except Exception as exc:
             logger.warning(
                 "node %s could not claim an instant of job %r: %r", self.node_id, job, exc
             )
             return None
+
+    def let_go(self, job: str, cause: str) -> None:
+        """``job``'s runs cannot start on this node (``cause``): hand it over, as a
+        step-down (``Terms.let_go``), in a round at once once no run is in flight."""
+        self.terms.let_go(job, cause)
+        if not self.leases[job].running:
+            self._wake.ring()
 
     def run_started(self, job: str) -> None:
         """A run of ``job`` started (the watchdog: see ``lost_awaited``)."""

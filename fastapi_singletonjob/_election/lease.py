@@ -32,6 +32,10 @@ class LeaseView(Protocol):
     def paused(self) -> bool:
         """Whether an operator paused the job (as the last election reply said)."""
 
+    @property
+    def let_go(self) -> str | None:
+        """Why this node let the job go, until it leads it again (``Terms.let_go``)."""
+
     def lost_of(self, token: int) -> asyncio.Event:
         """The "leadership lost" signal of the term ``token``."""
 
@@ -74,6 +78,9 @@ class Lease:
     """Paused by an operator (``jobs.pause``), as the last election reply said: no new run."""
     stepping_down: bool = False
     """An operator asked this node to hand the job over: released once no run is in flight."""
+    let_go: str | None = None
+    """Why this node let the job go (its runs could not start: claims or checkpoint calls
+    failing for a lock expiry), until it leads the job again; None otherwise."""
     rest_until: float = float("-inf")
     """Monotonic instant until which this node does not compete for the job (after a
     step-down, so that another node takes it over)."""

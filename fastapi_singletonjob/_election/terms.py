@@ -147,6 +147,26 @@ class Terms:
         lease = self.leases[job]
         lease.rest_until = self._clock.monotonic() + lease.ttl_s
 
+    def let_go(self, job: str, cause: str) -> None:
+        """This node cannot do ``job``'s work (its runs could not start for about a lock
+        expiry: ``cause``): hand it over as a step-down does, once no run is in flight, so
+        that a healthy node takes it; this node rests out of its election for a lock expiry
+        and says why (``let_go``) until it leads the job again. The election itself stays
+        up, and so do the other jobs (client-go's healthz watchdog, per job)."""
+        lease = self.leases[job]
+        if lease.token is None or lease.let_go is not None:
+            return
+        lease.let_go = cause
+        lease.stepping_down = True
+        logger.warning(
+            "node %s lets job %r go (fencing token %d) for another node to run: %s",
+            self._node_id,
+            job,
+            lease.token,
+            cause,
+        )
+        self._telemetry.change(job, "let_go")
+
     def step_downs_due(self) -> list[str]:
         """The jobs an operator asked this node to step down from that have no run in
         flight now, with a term to hand over; each request is then done with."""
@@ -314,6 +334,7 @@ class Terms:
     ) -> None:
         lease.token = token
         lease.terms += 1
+        lease.let_go = None
         lease.lost_event = None  # a fresh one, when first asked for
         logger.info(
             "node %s became leader of job %r (fencing token %d)", self._node_id, lease.job, token

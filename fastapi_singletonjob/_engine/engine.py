@@ -201,6 +201,7 @@ class Engine:
             stats=stats,
             error=self.ticker.failure(name),
             paused=lease.paused,
+            let_go=lease.let_go,
         )
 
     async def probe_store(self, within_s: float) -> bool:

@@ -45,6 +45,8 @@ class JobSnapshot:
     """Why the job's schedule stopped on this node, if it did."""
     paused: bool = False
     """Paused by an operator, as this node's last election reply said."""
+    let_go: str | None = None
+    """Why this node let the job go (``Terms.let_go``), until it leads it again."""
 
 
 @dataclass(frozen=True)

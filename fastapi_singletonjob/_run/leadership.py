@@ -26,6 +26,10 @@ class TermView(Protocol):
     def paused(self) -> bool:
         """Whether an operator paused the job (as the last election reply said)."""
 
+    @property
+    def let_go(self) -> str | None:
+        """Why this node let the job go, until it leads it again (``Leadership.let_go``)."""
+
     def lost_of(self, token: int) -> asyncio.Event:
         """The "leadership lost" signal of the term ``token``."""
 
@@ -49,6 +53,9 @@ class Leadership(Protocol):
     async def claim(self, job: str, token: int, instant_us: int) -> ClaimResult | None:
         """Claim ``job``'s instant for the term ``token``; None when the store did not
         answer in time."""
+
+    def let_go(self, job: str, cause: str) -> None:
+        """This node cannot do ``job``'s work (``cause``): hand it over to a healthy node."""
 
     def run_started(self, job: str) -> None:
         """A run of ``job`` started."""

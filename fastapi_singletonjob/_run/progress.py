@@ -111,9 +111,10 @@ class Progress:
         completed_at: datetime,
         error: str | None,
         timeout_s: float,
-    ) -> None:
+    ) -> bool:
         """Record a finished run, fenced; a refusal or a store error is logged, and the next
-        run reads the stored record again. ``completed_at`` (this node's clock) is not
+        run reads the stored record again. False on a store error (the store did not answer
+        in time, or failed), else True. ``completed_at`` (this node's clock) is not
         stored: the store stamps the record with its own clock, and a node whose clock is
         far from it is told so."""
         self._term = None
@@ -133,7 +134,7 @@ class Progress:
                 scheduled_at.isoformat(),
                 exc,
             )
-            return
+            return False
         if written is None:
             logger.warning(
                 "job %r: the run of %s on node %s ended after its term (fencing token %d); "
@@ -143,12 +144,13 @@ class Progress:
                 self._node_id,
                 token,
             )
-            return
+            return True
         self._warn_if_skewed(completed_at, written.last_completed_at)
         if generation != self._generation:
-            return  # reset meanwhile: whether before or after this write is unknown
+            return True  # reset meanwhile: whether before or after this write is unknown
         self._cached = dataclasses.replace(written, state=self._state)
         self._term = token if self._state_known else None
+        return True
 
     def _warn_if_skewed(self, ended_at: datetime, stamped_at: datetime | None) -> None:
         """Say so when this node's wall clock is far from the store's: the record shows the

@@ -19,10 +19,12 @@ import asyncio
 import copy
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from datetime import datetime, timedelta
+from typing import TypeVar
 
+from .._aio import within
 from .._checkpoint import Checkpoint, to_unix_us
 from .._clock import Clock
 from .._job.context import JobContext
@@ -39,6 +41,8 @@ from .progress import Progress, no_checkpoint
 __all__ = ["JobRunner"]
 
 logger = logging.getLogger("fastapi_singletonjob.runner")
+
+T = TypeVar("T")
 
 _CLAIM_RETRY_S = 0.05
 RECORD_AFTER_CANCEL_S = 2.0
@@ -60,6 +64,7 @@ class JobRunner:
         "_claimed_term",
         "_closed",
         "_current",
+        "_failing",
         "_invoker",
         "_iteration",
         "_leadership",
@@ -109,6 +114,9 @@ class JobRunner:
         self._iteration = 0
         self._current: asyncio.Task[None] | None = None
         self._closed = False
+        self._failing: tuple[int, float] | None = None
+        """(term, since): the runs of that term could not start since that monotonic time,
+        as the store's claims or checkpoint calls failed or timed out; None once one did."""
 
     @property
     def current(self) -> asyncio.Task[None] | None:
@@ -223,8 +231,10 @@ class JobRunner:
             self._iteration += 1
             iteration = self._iteration
         else:
+            sent_at = self.clock.monotonic()
             try:
-                checkpoint = await self.progress.load(token, self.time_left())
+                load = self.progress.load(token, self.time_left())
+                checkpoint = await self._or_let_go(token, load)
             except Exception as exc:
                 logger.warning(
                     "job %r: instant %s skipped on node %s: its checkpoint could not be read "
@@ -234,8 +244,10 @@ class JobRunner:
                     self.node,
                     exc,
                 )
+                self._store_failed(token, sent_at, f"its checkpoint could not be read: {exc!r}")
                 return DropReason.STORE_ERROR
             iteration = (checkpoint.iteration if checkpoint is not None else 0) + 1
+        self._store_answered()
         return JobContext(
             job=self.spec.name,
             node_id=self.node,
@@ -256,7 +268,17 @@ class JobRunner:
         instant_us = to_unix_us(scheduled_at)
         delay_s = _CLAIM_RETRY_S
         while True:
-            result = await self._leadership.claim(job, token, instant_us)
+            sent_at = self.clock.monotonic()
+            try:
+                result = await self._or_let_go(
+                    token, self._leadership.claim(job, token, instant_us)
+                )
+            except ConnectionError:
+                result = None
+            if result is None and self._store_failed(
+                token, sent_at, "its claims were not answered (Redis did not answer in time)"
+            ):
+                return DropReason.STORE_ERROR
             if result is ClaimResult.CLAIMED:
                 self._claimed_term = token
                 return None
@@ -292,6 +314,38 @@ class JobRunner:
             # Jittered, so that jobs claiming one instant together do not retry in lockstep.
             await self.clock.sleep(delay_s * (0.5 + self._rng()))
             delay_s = min(2 * delay_s, 1.0)
+
+    # -- letting go of a job this node cannot run -----------------------------------------
+
+    async def _or_let_go(self, token: int, call: Awaitable[T]) -> T:
+        """``call``'s result; ``ConnectionError`` when it is still out once the job's store
+        calls have failed for a lock expiry (then the job is let go: ``_store_failed``)."""
+        failing = self._failing
+        if failing is None or failing[0] != token:
+            return await call
+        try:
+            return await within(call, failing[1] + self.lease.ttl_s - self.clock.monotonic())
+        except TimeoutError:
+            raise ConnectionError(
+                f"not answered within a lock expiry ({self.lease.ttl_s:g}s) of the job's "
+                "first failing store call"
+            ) from None
+
+    def _store_failed(self, token: int, sent_at: float, cause: str) -> bool:
+        """A store call of term ``token`` sent at ``sent_at`` failed or timed out; once they
+        have for about a lock expiry, the job is let go (``Leadership.let_go``): this node
+        cannot do its work, a healthy one should. Whether it was let go."""
+        if self._failing is None or self._failing[0] != token:
+            self._failing = (token, sent_at)
+        if self.clock.monotonic() - self._failing[1] < self.lease.ttl_s:
+            return False
+        if self.lease.let_go is None:
+            self._leadership.let_go(self.spec.name, cause)
+        return True
+
+    def _store_answered(self) -> None:
+        """A run started: the store does this job's calls again."""
+        self._failing = None
 
     async def _supervise(
         self,
@@ -505,6 +559,7 @@ class JobRunner:
             name=f"singletonjob record {self.spec.name!r}",
         )
         cancelled = False
+        sent_at = self.clock.monotonic()
         while not write.done():
             try:
                 await asyncio.shield(write)
@@ -512,7 +567,8 @@ class JobRunner:
                 cancelled = True
         if cancelled:
             raise asyncio.CancelledError
-        write.result()
+        if not write.result():
+            self._store_failed(ctx.fencing_token, sent_at, "its checkpoint could not be written")
 
     def _record(
         self, ctx: JobContext, outcome: Outcome, error: BaseException | None, duration_s: float

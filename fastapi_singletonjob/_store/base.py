@@ -35,6 +35,7 @@ from .membership import MemberRecord, Membership
 __all__ = [
     "STORE_ERRORS",
     "ClaimResult",
+    "DEFAULT_CLAIM_TIMEOUT_S",
     "DEFAULT_KEEPALIVE_S",
     "DEFAULT_MAX_AHEAD_US",
     "LeaseReply",
@@ -55,6 +56,10 @@ callers that report a failed call catch these, and let anything else (a bug) thr
 DEFAULT_MAX_AHEAD_US = 1_000_000
 """How far (µs) a claimed instant may lie ahead of the store's clock: a node whose wall clock
 runs further ahead must not record an instant that the other nodes reach only much later."""
+
+DEFAULT_CLAIM_TIMEOUT_S = 5.0
+"""Bound of a claim when the caller gives none (the runner gives the time left on its lease);
+then ``ConnectionError``."""
 
 DEFAULT_KEEPALIVE_S = 5.0
 """Silence after which the release listener checks its connection (callers pass the heartbeat)."""
@@ -204,11 +209,19 @@ class Store(Protocol):
         ...
 
     async def claim(
-        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+        self,
+        job: str,
+        value: str,
+        instant_us: int,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        timeout_s: float = DEFAULT_CLAIM_TIMEOUT_S,
     ) -> ClaimResult:
         """Record that the holder of lock value ``value`` starts ``job``'s instant
         ``instant_us`` (see ``ClaimResult``); an instant more than ``max_ahead_us`` ahead of
-        the store's clock is refused (``CLOCK_AHEAD``) and nothing is recorded."""
+        the store's clock is refused (``CLOCK_AHEAD``) and nothing is recorded.
+        ``ConnectionError`` when the store does not answer within ``timeout_s`` (whether the
+        claim was made is then unknown; a retry by the same term is recognised as its own)."""
         ...
 
     async def listen_releases(

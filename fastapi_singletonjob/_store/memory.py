@@ -32,6 +32,7 @@ from .._lock_value import is_lock_value, lock_value, parse_lock_value
 from .._outcomes import Outcome
 from . import keys as _keys
 from .base import (
+    DEFAULT_CLAIM_TIMEOUT_S,
     DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
@@ -176,9 +177,16 @@ class MemoryLeaseStore:
         return released
 
     async def claim(
-        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+        self,
+        job: str,
+        value: str,
+        instant_us: int,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        timeout_s: float = DEFAULT_CLAIM_TIMEOUT_S,
     ) -> ClaimResult:
-        """See ``Store.claim``; the injected clock's ``now()`` is the store's clock."""
+        """See ``Store.claim``; the injected clock's ``now()`` is the store's clock (it
+        answers at once: ``timeout_s`` is never reached)."""
         key = self._key(job)
         current = self._data.locks.get(key)
         await asyncio.sleep(0)

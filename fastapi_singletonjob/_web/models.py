@@ -25,8 +25,10 @@ __all__ = [
     "ClusterStatus",
     "Health",
     "HealthStatus",
+    "JobHealth",
     "JobReport",
     "JobStatus",
+    "JobsHealth",
     "LastRun",
     "NodeStatus",
     "StoreStatus",
@@ -95,6 +97,12 @@ class JobStatus(BaseModel):
     dropped: dict[DropReason, int]
     not_leader_ticks: int = Field(description="Ticks that came while another node led.")
     error: str | None = Field(None, description="Why the job stopped on this node, if it did.")
+    let_go: str | None = Field(
+        None,
+        description="Why this node let the job go for another node to run (its runs could "
+        "not start for a lock expiry: claims or checkpoint calls to Redis failing or timing "
+        "out), until it leads the job again; null otherwise.",
+    )
     checkpoint: CheckpointStatus | None = Field(
         None,
         description="The checkpoint as stored in Redis, the same from every replica; null "
@@ -150,6 +158,25 @@ class HealthStatus(BaseModel):
     status: Health
     reason: str | None = Field(None, description="Why it is not ok.")
     node_id: str
+
+
+class JobHealth(BaseModel):
+    """Whether this node can run one job."""
+
+    name: str
+    status: Literal["ok", "let_go", "stopped", "disabled"] = Field(
+        description="`ok`: this node runs it when it leads, or can take it over; `let_go`: "
+        "this node let it go for another node to run (`cause` says why); `stopped`: its "
+        "schedule stopped on this node; `disabled`: defined with `enabled=False`."
+    )
+    cause: str | None = Field(None, description="Why it is not ok.")
+    is_leader: bool
+
+
+class JobsHealth(HealthStatus):
+    """The strict readiness probe's answer, with whether this node can run each job."""
+
+    jobs: list[JobHealth] = Field(default_factory=list)
 
 
 # -- the cluster, as stored ---------------------------------------------------------------

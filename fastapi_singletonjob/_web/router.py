@@ -15,9 +15,9 @@ from fastapi import APIRouter, HTTPException, Response, status
 
 from .._store.base import STORE_ERRORS
 from .health import liveness, readiness
-from .models import ClusterStatus, Health, HealthStatus, JobReport, NodeStatus
+from .models import ClusterStatus, Health, HealthStatus, JobReport, JobsHealth, NodeStatus
 from .source import StatusSource
-from .views import add_checkpoints, job_report, node_status
+from .views import add_checkpoints, job_report, jobs_health, node_status
 
 __all__ = ["create_router"]
 
@@ -82,16 +82,29 @@ def create_router(jobs: StatusSource) -> APIRouter:
         lambda: readiness(jobs, strict=False),
         jobs,
     )
-    _add_probe(
-        router,
-        "ready_jobs",
+
+    @router.get(
         "/health/jobs",
-        "Readiness probe: not ready while the job system is down",
-        "As `/health`, but 503 (not `degraded`) while Redis has not answered for a lock "
-        "expiry: for replicas that exist to run the jobs.",
-        lambda: readiness(jobs, strict=True),
-        jobs,
+        response_model=JobsHealth,
+        summary="Readiness probe: not ready while the job system is down; each job's health",
+        responses={
+            status.HTTP_503_SERVICE_UNAVAILABLE: {"model": JobsHealth, "description": "Not ready"}
+        },
+        name="ready_jobs",
     )
+    async def ready_jobs(response: Response) -> JobsHealth:
+        """As `/health`, but 503 (not `degraded`) while Redis has not answered for a lock
+        expiry: for replicas that exist to run the jobs. Lists, per job, whether this node
+        can run it: `ok`, or `let_go` with the cause when this node let it go because its
+        runs could not start (a job let go does not make the node unready: another node
+        runs it)."""
+        health, reason = await readiness(jobs, strict=True)
+        if health == "unavailable":
+            response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+        return JobsHealth(
+            status=health, reason=reason, node_id=jobs.node_id, jobs=jobs_health(jobs)
+        )
+
     _add_probe(
         router,
         "live",

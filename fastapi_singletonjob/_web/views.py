@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
 from .._aio import within
 from .._checkpoint import Checkpoint
@@ -23,6 +24,7 @@ from .models import (
     ClusterJob,
     ClusterNode,
     ClusterStatus,
+    JobHealth,
     JobReport,
     JobStatus,
     LastRun,
@@ -31,7 +33,14 @@ from .models import (
 )
 from .source import StatusSource
 
-__all__ = ["CHECKPOINT_READ_S", "add_checkpoints", "cluster_view", "job_report", "node_status"]
+__all__ = [
+    "jobs_health",
+    "CHECKPOINT_READ_S",
+    "add_checkpoints",
+    "cluster_view",
+    "job_report",
+    "node_status",
+]
 
 CHECKPOINT_READ_S = 1.0
 """Longest the status waits for the checkpoints from Redis."""
@@ -137,8 +146,28 @@ def _job_status(source: StatusSource, name: str, snap: EngineSnapshot | None) ->
         dropped={reason: stats.dropped[reason] for reason in DropReason},
         not_leader_ticks=stats.not_leader,
         error=None if job is None or job.error is None else repr(job.error),
+        let_go=job.let_go if job else None,
         checkpoint=None,
     )
+
+
+def jobs_health(source: StatusSource) -> list[JobHealth]:
+    """Whether this node can run each job, from the snapshot."""
+    snap = source.snapshot()
+    health = []
+    for name, spec in sorted(source.jobs.items()):
+        job = snap.jobs.get(name) if snap is not None else None
+        status: Literal["ok", "let_go", "stopped", "disabled"] = "ok"
+        cause = None
+        if not spec.enabled:
+            status = "disabled"
+        elif job is not None and job.error is not None:
+            status, cause = "stopped", repr(job.error)
+        elif job is not None and job.let_go is not None:
+            status, cause = "let_go", job.let_go
+        leads = job.leads if job is not None else False
+        health.append(JobHealth(name=name, status=status, cause=cause, is_leader=leads))
+    return health
 
 
 def _last_run(run: RunRecord) -> LastRun:

@@ -70,6 +70,7 @@ from fastapi_singletonjob._job.spec import JobSpec
 from fastapi_singletonjob._lock_value import is_lock_value
 from fastapi_singletonjob._schedule import Cron, FixedRate, Interval, Schedule
 from fastapi_singletonjob._store.base import (
+    DEFAULT_CLAIM_TIMEOUT_S,
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
     ClaimResult,
@@ -679,7 +680,13 @@ class NodeStore:
         return await self._link.call(lambda: self._server.release(DEFAULT_MAX_AHEAD_US, wire))
 
     async def claim(
-        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+        self,
+        job: str,
+        value: str,
+        instant_us: int,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        timeout_s: float = DEFAULT_CLAIM_TIMEOUT_S,
     ) -> ClaimResult:
         if not is_lock_value(value):
             return ClaimResult.NOT_HOLDER

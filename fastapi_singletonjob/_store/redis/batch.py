@@ -17,7 +17,7 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from ..._clock import SYSTEM_CLOCK, Clock
+from ..._clock import SYSTEM_CLOCK, Clock, SystemClock
 
 __all__ = ["Batcher"]
 
@@ -28,33 +28,52 @@ Send = Callable[[Sequence[Item], float], Awaitable[Sequence[Reply]]]
 """Sends a batch bounded by a timeout in seconds; one reply per item, in order."""
 
 
+OVERRUN_S = 1.0
+"""How long past its deadline a call in flight may take to give up (its own bound, which drops
+its connection, normally ends it on time) before the batcher abandons it and sends the next
+batch anyway: nothing waits for good behind a call that may never return."""
+
+
 class Batcher(Generic[Item, Reply]):
     """One call in flight at a time; the items submitted meanwhile go in the next one.
 
+    Every item has a deadline: its caller gets ``ConnectionError`` once it passes, whether
+    the item still waits or its call is in flight; and a call still in flight ``OVERRUN_S``
+    after its own deadline is abandoned (cancelled, left to unwind on its own), so that the
+    next batch goes, on another connection.
+
     :param send: makes one call for a batch.
-    :param clock: whose ``monotonic()`` the items' deadlines are on.
+    :param clock: whose ``monotonic()`` and ``sleep`` the items' deadlines are on.
     """
 
-    __slots__ = ("_clock", "_flusher", "_pending", "_send")
+    __slots__ = ("_clock", "_flusher", "_native", "_pending", "_send")
 
     def __init__(self, send: Send[Item, Reply], *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._send = send
         self._clock = clock
+        self._native = isinstance(clock, SystemClock)
         self._pending: list[tuple[Item, float, asyncio.Future[Reply]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     async def submit(self, item: Item, timeout_s: float) -> Reply:
         """``item``'s reply, sent at once or with the next batch; the batch is bounded by the
-        shortest time left of its items, and its error is each item's. A caller cancelled
-        before its batch is sent is left out of it."""
+        shortest time left of its items, and its error is each item's. ``ConnectionError``
+        once ``timeout_s`` has passed, sent or not. A caller cancelled before its batch is
+        sent is left out of it."""
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending.append((item, self._clock.monotonic() + timeout_s, future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="singletonjob-batch")
-        return await future
+        entry = [(item, 0.0, future)]
+        alarm = self._after(timeout_s, functools.partial(_fail, entry, _unanswered_in(timeout_s)))
+        try:
+            return await future  # a cancel here cancels it: left out of its batch
+        finally:
+            alarm.cancel()
 
     async def _flush(self) -> None:
-        while self._pending:
+        me = asyncio.current_task()
+        while self._pending and self._flusher is me:
             batch = [entry for entry in self._pending if not entry[2].done()]
             self._pending = []
             now = self._clock.monotonic()
@@ -63,17 +82,53 @@ class Batcher(Generic[Item, Reply]):
             if not batch:
                 continue
             timeout_s = min(deadline for _, deadline, _ in batch) - now
+            overran: list[bool] = []
+            # The call is awaited here, not in a task of its own: it starts in this step.
+            overrun = functools.partial(self._overrun, me, overran)
+            alarm = self._after(timeout_s + OVERRUN_S, overrun)
             try:
                 replies = await self._send([item for item, _, _ in batch], timeout_s)
             except asyncio.CancelledError:
-                _fail(batch, _closed_in_flight)
-                raise
+                if not overran:  # closed
+                    _fail(batch, _closed_in_flight)
+                    raise
+                assert me is not None
+                me.uncancel()
+                _fail(batch, _unanswered_in(timeout_s))
+                return  # another flusher sends what came meanwhile
             except Exception as exc:  # each caller reports it
                 _fail(batch, functools.partial(_own_copy, exc))
                 continue
+            finally:
+                alarm.cancel()
             for (_, _, future), reply in zip(batch, replies, strict=True):
                 if not future.done():
                     future.set_result(reply)
+
+    def _overrun(self, flusher: asyncio.Task[None] | None, overran: list[bool]) -> None:
+        """The call in flight of ``flusher`` is ``OVERRUN_S`` past its deadline: cancel it,
+        and let a new flusher send what waits, whether or not the old one ever unwinds."""
+        if flusher is None or flusher.done() or self._flusher is not flusher:
+            return
+        overran.append(True)
+        flusher.cancel()
+        self._flusher = None
+        if self._pending:
+            self._flusher = asyncio.create_task(self._flush(), name="singletonjob-batch")
+
+    def _after(
+        self, delay_s: float, callback: Callable[[], None]
+    ) -> asyncio.Handle | asyncio.Task[None]:
+        """Call ``callback`` after ``delay_s`` on the clock; cancel the result to not."""
+        loop = asyncio.get_running_loop()
+        if self._native:
+            return loop.call_later(max(delay_s, 0.0), callback)
+
+        async def later() -> None:
+            await self._clock.sleep(max(delay_s, 0.0))
+            callback()
+
+        return asyncio.ensure_future(later())
 
     async def aclose(self) -> None:
         """Stop; the calls not answered yet fail with ``ConnectionError``."""
@@ -83,6 +138,16 @@ class Batcher(Generic[Item, Reply]):
             await asyncio.gather(flusher, return_exceptions=True)
         _fail(self._pending, _closed_before)
         self._pending = []
+
+
+def _unanswered_in(timeout_s: float) -> Callable[[], ConnectionError]:
+    return functools.partial(_unanswered, timeout_s)
+
+
+def _unanswered(timeout_s: float) -> ConnectionError:
+    return ConnectionError(
+        f"no answer within {timeout_s:g}s (its time ran out; whether it was done is unknown)"
+    )
 
 
 def _late() -> ConnectionError:

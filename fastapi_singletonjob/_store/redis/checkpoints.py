@@ -12,7 +12,6 @@ from typing import Any
 from redis.asyncio import RedisCluster
 from redis.exceptions import ReadOnlyError, ResponseError
 
-from ..._aio import within
 from ..._checkpoint import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     Checkpoint,
@@ -27,6 +26,7 @@ from .. import keys as _keys
 from ..records import RUN_FIELDS, retention_ms, run_args, token_text
 from . import scripts as _scripts
 from .batch import Batcher
+from .connect import bounded
 from .topology import Topology, server_time
 
 __all__ = ["RedisCheckpoints"]
@@ -171,10 +171,10 @@ class RedisCheckpoints:
         return [_keys.job_key(self._project, job, kind) for kind in ("lock", "checkpoint")]
 
     async def _call(self, what: str, call: Awaitable[Any], timeout_s: float) -> Any:
-        """Await ``call``; ``ConnectionError`` past ``timeout_s``, ``StoreReadOnly`` from a
-        replica (see ``Topology.read_only``)."""
+        """Await ``call``; ``ConnectionError`` past ``timeout_s`` (its connection dropped:
+        ``connect.bounded``), ``StoreReadOnly`` from a replica (see ``Topology.read_only``)."""
         try:
-            return await within(call, timeout_s)
+            return await bounded(call, timeout_s, self._topology.calls)
         except TimeoutError as exc:
             raise ConnectionError(
                 f"Redis at {self._topology.shown} did not {what} within {timeout_s:g}s"

@@ -3,7 +3,6 @@ the claims made while one is in flight coalesced into the next call (``_store.re
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from redis.exceptions import ReadOnlyError
@@ -11,9 +10,10 @@ from redis.exceptions import ReadOnlyError
 from ..._clock import Clock
 from ..._lock_value import is_lock_value
 from .. import keys as _keys
-from ..base import DEFAULT_MAX_AHEAD_US, ClaimResult
+from ..base import DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_MAX_AHEAD_US, ClaimResult
 from . import scripts as _scripts
 from .batch import Batcher
+from .connect import bounded
 from .topology import Topology
 
 __all__ = ["RedisClaims"]
@@ -30,30 +30,47 @@ class RedisClaims:
         self._batcher: Batcher[tuple[str, list[str]], int] = Batcher(self._claim_all, clock=clock)
 
     async def claim(
-        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+        self,
+        job: str,
+        value: str,
+        instant_us: int,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        timeout_s: float = DEFAULT_CLAIM_TIMEOUT_S,
     ) -> ClaimResult:
         """See ``Store.claim``: one script call, judged on the Redis server's clock,
-        with the claims of other jobs made while this node's previous claim was in flight."""
+        with the claims of other jobs made while this node's previous claim was in flight;
+        ``ConnectionError`` when not answered within ``timeout_s``."""
         if not is_lock_value(value):
             return ClaimResult.NOT_HOLDER
         reply = await self._batcher.submit(
-            (job, [value, str(instant_us), str(max_ahead_us)]), math.inf
+            (job, [value, str(instant_us), str(max_ahead_us)]), timeout_s
         )
         return ClaimResult(int(reply))
 
     async def _claim_all(
         self, claims: Sequence[tuple[str, list[str]]], timeout_s: float
     ) -> list[int]:
-        """One ``CLAIM`` call for ``claims`` (job, ARGV): one reply each. Unbounded, as a
-        claim has always been: the pool's socket timeouts bound it."""
+        """One ``CLAIM`` call for ``claims`` (job, ARGV): one reply each, within
+        ``timeout_s`` (the shortest time left of the claims in it), else ``ConnectionError``
+        and the connection is dropped (``connect.bounded``)."""
         keys = [
             _keys.job_key(self._project, job, kind)
             for job, _ in claims
             for kind in ("lock", "last")
         ]
         args = [arg for _, claim_args in claims for arg in claim_args]
+        client = self._topology.calls
         try:
-            replies: list[int] = await self._script(keys=keys, args=args)
+            replies: list[int] = await bounded(
+                self._script(keys=keys, args=args), timeout_s, client
+            )
+        except TimeoutError as exc:
+            jobs = sorted({job for job, _ in claims})
+            raise ConnectionError(
+                f"Redis at {self._topology.shown} did not answer the claims of {jobs!r} "
+                f"within {timeout_s:g}s (whether they were made is unknown)"
+            ) from exc
         except ReadOnlyError as exc:
             raise await self._topology.read_only("a read-only replica") from exc
         return replies

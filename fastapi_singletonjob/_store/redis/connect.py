@@ -4,19 +4,26 @@ no maintenance notifications)."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from typing import Any
+import logging
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+
+from ..._aio import within
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "ELECTION_CONNECTIONS",
     "POOL_WAIT_S",
+    "bounded",
     "checked_pool_size",
+    "drop_idle",
     "forced_options",
     "no_maint_notifications",
     "no_retry",
@@ -24,6 +31,9 @@ __all__ = [
     "options_from_url",
 ]
 
+logger = logging.getLogger("fastapi_singletonjob.store")
+
+T = TypeVar("T")
 
 DEFAULT_MAX_CONNECTIONS = 4
 """Connections of the claims' pool when the caller does not size it; more claims wait their
@@ -88,7 +98,9 @@ def options_from_url(
     options.pop("max_connections", None)  # the store sizes its pools itself
     defaults = {
         "socket_connect_timeout": connect_timeout_s,
-        "socket_timeout": None,  # every call is bounded by the elector's own timeout
+        # Every call has a deadline of its own (``bounded``), shorter than any socket
+        # timeout would be for a renewal, and drops its connection when it passes.
+        "socket_timeout": None,
     }
     return connection_class, {**defaults, **options, **forced_options()}
 
@@ -102,3 +114,41 @@ def options_from_client(client: Redis) -> tuple[type[AbstractConnection], dict[s
         if not key.startswith(("orig_", "maint_notifications")) and key != "retry"
     }
     return pool.connection_class, {**options, **forced_options()}
+
+
+async def bounded(call: Awaitable[T], timeout_s: float, client: Redis | RedisCluster) -> T:
+    """Await ``call``, a call on ``client``, for at most ``timeout_s`` (then ``TimeoutError``):
+    how every call of the store is bounded.
+
+    A call past its deadline drops its connection: the call is cancelled, and redis-py
+    disconnects a connection whose command was cancelled before its reply was read (checked
+    on a real server, ``tests/test_silent_flows.py``), so the next call opens a fresh one
+    instead of waiting on a flow that may never answer (a NAT or a load balancer that dropped
+    it without a RST, a failover). The idle connections of ``client`` are dropped too: opened
+    over the same path, they are likely as dead, and a call that took one would wait out its
+    whole deadline again.
+    """
+    try:
+        return await within(call, timeout_s)
+    except TimeoutError:
+        await drop_idle(client)
+        raise
+
+
+DROP_S = 1.0
+"""Longest wait for the idle connections to close (closing a socket does not wait for the
+peer, so this is a backstop)."""
+
+
+async def drop_idle(client: Redis | RedisCluster) -> None:
+    """Disconnect the idle connections of ``client``'s pools (of each node's, on a
+    cluster); best effort, never raises."""
+    try:
+        if isinstance(client, RedisCluster):
+            nodes = client.get_nodes()
+            drops = (node.disconnect_free_connections() for node in nodes)
+            await within(asyncio.gather(*drops, return_exceptions=True), DROP_S)
+        else:
+            await within(client.connection_pool.disconnect(inuse_connections=False), DROP_S)
+    except Exception as exc:  # the next call reconnects anyway, if it must
+        logger.debug("could not drop the idle connections to Redis: %r", exc)

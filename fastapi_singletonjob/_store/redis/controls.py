@@ -9,13 +9,13 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from ..._aio import within
 from ..._checkpoint import checked
 from .. import keys as _keys
 from ..base import DEFAULT_CONTROL_TIMEOUT_S, ClusterData, JobData
 from ..membership import MemberRecord, Membership
 from ..records import job_names, last_us
 from . import scripts as _scripts
+from .connect import bounded
 from .topology import Topology, server_time
 
 __all__ = ["RedisControls"]
@@ -44,8 +44,10 @@ class RedisControls:
     ) -> bool:
         """See ``Store.set_control``: one ``CONTROL`` script call."""
         keys = [_keys.project_key(self._project, "controls")]
-        changed = await within(
-            self._script(keys=keys, args=[self._channel, field, value or ""]), timeout_s
+        changed = await bounded(
+            self._script(keys=keys, args=[self._channel, field, value or ""]),
+            timeout_s,
+            self._topology.calls,
         )
         return int(changed) == 1
 
@@ -65,7 +67,7 @@ class RedisControls:
         self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> ClusterData:
         """See ``Store.read_cluster``: two pipelines."""
-        return await within(self._read_cluster(list(jobs)), timeout_s)
+        return await bounded(self._read_cluster(list(jobs)), timeout_s, self._topology.calls)
 
     async def _read_cluster(self, extra: list[str]) -> ClusterData:
         project, client = self._project, self._topology.calls

@@ -16,6 +16,7 @@ user is never closed.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -28,6 +29,7 @@ from ..._clock import SYSTEM_CLOCK, Clock
 from ..._lock_value import is_lock_value
 from .. import keys as _keys
 from ..base import (
+    DEFAULT_CLAIM_TIMEOUT_S,
     DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_KEEPALIVE_S,
     DEFAULT_MAX_AHEAD_US,
@@ -41,7 +43,7 @@ from ..membership import Membership
 from . import scripts as _scripts
 from .checkpoints import RedisCheckpoints
 from .claims import RedisClaims
-from .connect import DEFAULT_MAX_CONNECTIONS, ELECTION_CONNECTIONS, POOL_WAIT_S
+from .connect import DEFAULT_MAX_CONNECTIONS, ELECTION_CONNECTIONS, POOL_WAIT_S, drop_idle
 from .controls import RedisControls
 from .server import SingleServer
 from .subscription import ReleaseSubscription
@@ -101,6 +103,18 @@ class RedisStore:
 
     # Leases
 
+    async def _elect_call(self, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self._elect(keys=keys, args=args)
+        except asyncio.CancelledError:
+            # Past the election's deadline (its caller's bound): redis-py drops this call's
+            # connection; the idle ones of both pools go too, as likely dead (a silent
+            # flow), so that neither the next round nor the next claim or checkpoint read
+            # waits out its deadline on one again.
+            await drop_idle(self._topology.election)
+            await drop_idle(self._topology.calls)
+            raise
+
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
         """See ``Store.elect``: one ``EVALSHA`` for all jobs."""
         member, project, topology = self.membership, self._project, self._topology
@@ -127,7 +141,7 @@ class RedisStore:
                 request.job,
             )
         try:
-            raw: list[Any] = await self._elect(keys=keys, args=args)
+            raw: list[Any] = await self._elect_call(keys, args)
         except ReadOnlyError as exc:  # a renewal's PEXPIRE, refused by a replica
             raise await topology.read_only("a read-only replica") from exc
         except Exception as exc:
@@ -194,10 +208,18 @@ class RedisStore:
         return int(released)
 
     async def claim(
-        self, job: str, value: str, instant_us: int, *, max_ahead_us: int = DEFAULT_MAX_AHEAD_US
+        self,
+        job: str,
+        value: str,
+        instant_us: int,
+        *,
+        max_ahead_us: int = DEFAULT_MAX_AHEAD_US,
+        timeout_s: float = DEFAULT_CLAIM_TIMEOUT_S,
     ) -> ClaimResult:
         """See ``Store.claim`` and ``RedisClaims.claim``."""
-        return await self._claims.claim(job, value, instant_us, max_ahead_us=max_ahead_us)
+        return await self._claims.claim(
+            job, value, instant_us, max_ahead_us=max_ahead_us, timeout_s=timeout_s
+        )
 
     async def listen_releases(
         self, on_release: ReleaseListener, *, keepalive_s: float = DEFAULT_KEEPALIVE_S

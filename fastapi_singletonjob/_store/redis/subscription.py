@@ -3,6 +3,7 @@ own, on the topology's pub/sub, checked by echoes that ``elect`` publishes and b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable
 
 from ..._aio import within
@@ -11,6 +12,8 @@ from ..base import DEFAULT_KEEPALIVE_S, ReleaseListener, parse_notice
 from .topology import Topology
 
 __all__ = ["ReleaseSubscription"]
+
+logger = logging.getLogger("fastapi_singletonjob.store")
 
 
 class ReleaseSubscription:
@@ -116,8 +119,21 @@ class ReleaseSubscription:
             self._broke = True
             raise
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await client.aclose(close_connection_pool=True)
+            # Bounded too: closing waits for nothing from the peer, but a dead flow must
+            # never hold the listener, so that the next subscription goes on a fresh one.
+            await self._close(
+                pubsub.aclose(),  # type: ignore[no-untyped-call]
+                client.aclose(close_connection_pool=True),
+            )
+
+    async def _close(self, *closes: Awaitable[object]) -> None:
+        """Await each of ``closes`` for at most the connect timeout; an error is no concern
+        of the listener's (the connection is gone either way)."""
+        for close in closes:
+            try:
+                await within(close, self._topology.connect_timeout_s)
+            except Exception as exc:
+                logger.debug("could not close a release subscription: %r", exc)
 
     async def _within(self, what: str, call: Awaitable[object], timeout_s: float) -> None:
         """Await a call of the release subscription; ``ConnectionError`` past ``timeout_s``."""
