@@ -44,12 +44,22 @@ class Batcher(Generic[Item, Reply]):
 
     :param send: makes one call for a batch.
     :param clock: whose ``monotonic()`` and ``sleep`` the items' deadlines are on.
+    :param unanswered: the error of an item whose deadline passed (given the item and its
+        timeout), so that its caller hears what was not done, whichever deadline fired
+        first: the item's own or its call's.
     """
 
-    __slots__ = ("_clock", "_flusher", "_native", "_pending", "_send")
+    __slots__ = ("_clock", "_flusher", "_native", "_pending", "_send", "_unanswered")
 
-    def __init__(self, send: Send[Item, Reply], *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        send: Send[Item, Reply],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        unanswered: Callable[[Item, float], Exception] | None = None,
+    ) -> None:
         self._send = send
+        self._unanswered = unanswered or _unanswered
         self._clock = clock
         self._native = isinstance(clock, SystemClock)
         self._pending: list[tuple[Item, float, asyncio.Future[Reply]]] = []
@@ -65,7 +75,8 @@ class Batcher(Generic[Item, Reply]):
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="singletonjob-batch")
         entry = [(item, 0.0, future)]
-        alarm = self._after(timeout_s, functools.partial(_fail, entry, _unanswered_in(timeout_s)))
+        error = functools.partial(self._unanswered, item, timeout_s)
+        alarm = self._after(timeout_s, functools.partial(_fail, entry, error))
         try:
             return await future  # a cancel here cancels it: left out of its batch
         finally:
@@ -94,7 +105,8 @@ class Batcher(Generic[Item, Reply]):
                     raise
                 assert me is not None
                 me.uncancel()
-                _fail(batch, _unanswered_in(timeout_s))
+                for entry in batch:
+                    _fail([entry], functools.partial(self._unanswered, entry[0], timeout_s))
                 return  # another flusher sends what came meanwhile
             except Exception as exc:  # each caller reports it
                 _fail(batch, functools.partial(_own_copy, exc))
@@ -140,11 +152,7 @@ class Batcher(Generic[Item, Reply]):
         self._pending = []
 
 
-def _unanswered_in(timeout_s: float) -> Callable[[], ConnectionError]:
-    return functools.partial(_unanswered, timeout_s)
-
-
-def _unanswered(timeout_s: float) -> ConnectionError:
+def _unanswered(item: object, timeout_s: float) -> ConnectionError:
     return ConnectionError(
         f"no answer within {timeout_s:g}s (its time ran out; whether it was done is unknown)"
     )

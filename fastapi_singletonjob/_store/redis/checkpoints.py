@@ -49,7 +49,9 @@ class RedisCheckpoints:
         self._reset = client.register_script(
             _scripts.RESET_CHECKPOINT_SHARDED if topology.sharded else _scripts.RESET_CHECKPOINT
         )
-        self._batcher: Batcher[tuple[str, list[str]], Any] = Batcher(self._record_runs, clock=clock)
+        self._batcher: Batcher[tuple[str, list[str]], Any] = Batcher(
+            self._record_runs, clock=clock, unanswered=self._unrecorded
+        )
 
     async def record_run(
         self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
@@ -61,6 +63,14 @@ class RedisCheckpoints:
             return None
         fields = zip(RUN_FIELDS, reply, strict=True)
         return written(run.job, {key: value for key, value in fields if value is not None})
+
+    def _unrecorded(self, item: tuple[str, list[str]], timeout_s: float) -> ConnectionError:
+        """The error of a run's record whose deadline passed (see ``Batcher``), as ``_call``
+        says it."""
+        return ConnectionError(
+            f"Redis at {self._topology.shown} did not record a run of job {item[0]!r} (whether "
+            f"it did is unknown) within {timeout_s:g}s"
+        )
 
     async def _record_runs(
         self, runs: Sequence[tuple[str, list[str]]], timeout_s: float

@@ -27,7 +27,17 @@ class RedisClaims:
         self._topology = topology
         self._project = project
         self._script = topology.calls.register_script(_scripts.CLAIM)
-        self._batcher: Batcher[tuple[str, list[str]], int] = Batcher(self._claim_all, clock=clock)
+        self._batcher: Batcher[tuple[str, list[str]], int] = Batcher(
+            self._claim_all, clock=clock, unanswered=self._unanswered
+        )
+
+    def _unanswered(self, item: tuple[str, list[str]], timeout_s: float) -> ConnectionError:
+        """The error of a claim whose deadline passed (see ``Batcher``), as ``_claim_all``
+        says it."""
+        return ConnectionError(
+            f"Redis at {self._topology.shown} did not answer the claims of {[item[0]]!r} "
+            f"within {timeout_s:g}s (whether they were made is unknown)"
+        )
 
     async def claim(
         self,
