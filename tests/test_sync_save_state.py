@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
-from typing import Any
 
 import pytest
-from fake_nodes import kill, stop
+from fake_nodes import kill
+from test_checkpoints import Factory, clock, make
 
 from fastapi_singletonjob import (
     ConfigurationError,
@@ -23,39 +21,9 @@ from fastapi_singletonjob import (
 )
 from fastapi_singletonjob.testing import FakeClock
 
-START = datetime(2026, 3, 1, 0, 59, 30, tzinfo=UTC)
 WAIT_S = 10.0  # real seconds a test waits for a worker thread, on a busy machine
 
-Factory = Callable[..., SingletonJobs]
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
-@pytest.fixture
-async def make(clock: FakeClock, request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
-    made: list[SingletonJobs] = []
-    url = f"memory://{abs(hash(request.node.nodeid))}"
-
-    def factory(node_id: str = "a", **kwargs: Any) -> SingletonJobs:
-        jobs = SingletonJobs(
-            url,
-            project="sync",
-            node_id=node_id,
-            clock=clock,
-            heartbeat_interval=1.0,
-            lock_expiry=3.0,
-            shutdown_timeout=2.0,
-            **kwargs,
-        )
-        made.append(jobs)
-        return jobs
-
-    yield factory
-    for jobs in made:
-        await stop(jobs, clock)
+__all__ = ["clock", "make"]  # fixtures
 
 
 async def wait_for(event: threading.Event) -> None:
