@@ -88,12 +88,15 @@ async def pushed_handover(a: SingletonJobs, b: SingletonJobs) -> float:
     pair = leader(a, b)
     assert pair is not None
     first, follower = pair
+    stopping_at = time.monotonic()
     await first.stop()
     released_at = time.monotonic()
     led_at = await wait_until(lambda: follower.status().jobs[0].is_leader, 2.0, "the follower")
     assert follower.engine is not None
+    # Heard while the leader stopped (its idle jobs are released before it drains and closes,
+    # which on a busy machine can take a few hundred ms more): pushed, not polled.
     notice_at = follower.engine.elector._notice_at
-    assert notice_at is not None and notice_at >= released_at - 0.05, "no release notice heard"
+    assert notice_at is not None and notice_at >= stopping_at, "no release notice heard"
     return led_at - released_at
 
 
