@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -43,25 +44,34 @@ async def proxy(redis_server: RedisServer) -> AsyncIterator[FaultProxy]:
         yield fault_proxy
 
 
-async def test_a_cron_job_keeps_running_after_the_flows_go_silent(
-    proxy: FaultProxy, unique_project: str
-) -> None:
-    """The repro of issue 26 (``claim_batch_stuck_forever.py``): 0 runs from 3 s to 12 s
-    after the freeze, the node still leading. Now the runs go on, each second."""
-    runs: list[float] = []
+def every_second_node(
+    proxy: FaultProxy, project: str, runs: list[float], **settings: Any
+) -> SingletonJobs:
+    """One node behind ``proxy`` with a cron job every second, whose starts go to ``runs``."""
     jobs = SingletonJobs(
         proxy.url,
-        project=unique_project,
+        project=project,
         node_id="n1",
         heartbeat_interval=HEARTBEAT_S,
         lock_expiry=LOCK_EXPIRY_S,
         shutdown_timeout=1.0,
+        **settings,
     )
 
     @jobs.cron("every-second", "* * * * * *")
     async def every_second() -> None:
         runs.append(time.monotonic())
 
+    return jobs
+
+
+async def test_a_cron_job_keeps_running_after_the_flows_go_silent(
+    proxy: FaultProxy, unique_project: str
+) -> None:
+    """The repro of issue 26 (``claim_batch_stuck_forever.py``): 0 runs from 3 s to 12 s
+    after the freeze, the node still leading. Now the runs go on, each second."""
+    runs: list[float] = []
+    jobs = every_second_node(proxy, unique_project, runs)
     await jobs.start()
     try:
         await wait_until(lambda: len(runs) >= 2, 5.0, "two runs before the freeze")
@@ -87,20 +97,7 @@ async def test_runs_resume_after_silent_flows_and_a_black_hole_for_new_ones(
     connections open, nothing comes back): the runs resume within a lock expiry and a
     heartbeat after the path heals, not when TCP gives up."""
     runs: list[float] = []
-    jobs = SingletonJobs(
-        proxy.url,
-        project=unique_project,
-        node_id="n1",
-        heartbeat_interval=HEARTBEAT_S,
-        lock_expiry=LOCK_EXPIRY_S,
-        max_backoff=1.0,
-        shutdown_timeout=1.0,
-    )
-
-    @jobs.cron("every-second", "* * * * * *")
-    async def every_second() -> None:
-        runs.append(time.monotonic())
-
+    jobs = every_second_node(proxy, unique_project, runs, max_backoff=1.0)
     await jobs.start()
     try:
         await wait_until(lambda: len(runs) >= 2, 5.0, "two runs before the freeze")
