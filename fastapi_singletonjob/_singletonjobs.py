@@ -458,14 +458,6 @@ class StatusView:
         self._jobs = jobs
 
     @property
-    def project(self) -> str:
-        return self._jobs.project
-
-    @property
-    def node_id(self) -> str:
-        return self._jobs.node_id
-
-    @property
     def store_description(self) -> str:
         return self._jobs.store_description
 

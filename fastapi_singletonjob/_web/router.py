@@ -102,7 +102,7 @@ def create_router(jobs: StatusSource) -> APIRouter:
         if health == "unavailable":
             response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
         return JobsHealth(
-            status=health, reason=reason, node_id=jobs.node_id, jobs=jobs_health(jobs)
+            status=health, reason=reason, node_id=jobs.settings.node_id, jobs=jobs_health(jobs)
         )
 
     _add_probe(
@@ -133,7 +133,7 @@ def _add_probe(
         health, reason = await check()
         if health == "unavailable":
             response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-        return HealthStatus(status=health, reason=reason, node_id=jobs.node_id)
+        return HealthStatus(status=health, reason=reason, node_id=jobs.settings.node_id)
 
     router.add_api_route(
         path,

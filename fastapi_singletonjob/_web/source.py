@@ -21,24 +21,14 @@ class StatusSource(Protocol):
     """What the status router, its views and the health probes need of a set of jobs."""
 
     @property
-    def project(self) -> str:
-        """The project namespace."""
-        ...
-
-    @property
-    def node_id(self) -> str:
-        """This replica's id (read at each request: startup may give a forked worker a new
-        one)."""
-        ...
-
-    @property
     def store_description(self) -> str:
         """Where the leases are kept, without credentials."""
         ...
 
     @property
     def settings(self) -> Settings:
-        """The settings; the probes read the lock expiry and the backoff."""
+        """The settings (read at each request: startup may give a forked worker a new node
+        id): the project, the node id, and for the probes the lock expiry and the backoff."""
         ...
 
     @property

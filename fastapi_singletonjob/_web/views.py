@@ -56,8 +56,8 @@ def node_status(source: StatusSource, only: str | None = None) -> NodeStatus:
     snap = source.snapshot()
     names = [only] if only is not None else list(source.jobs)
     return NodeStatus(
-        project=source.project,
-        node_id=source.node_id,
+        project=source.settings.project,
+        node_id=source.settings.node_id,
         started=snap is not None,
         state=snap.state.value if snap is not None else "stopped",
         store=_store_status(source, snap),
