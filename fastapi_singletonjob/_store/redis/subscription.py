@@ -3,8 +3,9 @@ own, on the topology's pub/sub, checked by echoes that ``elect`` publishes and b
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from ..._aio import within
 from ..._clock import Clock
@@ -122,16 +123,18 @@ class ReleaseSubscription:
             # Bounded too: closing waits for nothing from the peer, but a dead flow must
             # never hold the listener, so that the next subscription goes on a fresh one.
             await self._close(
-                pubsub.aclose(),  # type: ignore[no-untyped-call]
-                client.aclose(close_connection_pool=True),
+                pubsub.aclose,
+                functools.partial(client.aclose, close_connection_pool=True),
             )
 
-    async def _close(self, *closes: Awaitable[object]) -> None:
-        """Await each of ``closes`` for at most the connect timeout; an error is no concern
-        of the listener's (the connection is gone either way)."""
+    async def _close(self, *closes: Callable[[], Awaitable[object]]) -> None:
+        """Call and await each of ``closes`` for at most the connect timeout; an error is no
+        concern of the listener's (the connection is gone either way). Each close is made
+        only when its turn comes: one made ahead and left unawaited by a cancel (shutdown)
+        would be reported as never awaited."""
         for close in closes:
             try:
-                await within(close, self._topology.connect_timeout_s)
+                await within(close(), self._topology.connect_timeout_s)
             except Exception as exc:
                 logger.debug("could not close a release subscription: %r", exc)
 
