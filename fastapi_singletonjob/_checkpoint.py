@@ -69,15 +69,16 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "Checkpoint",
     "FinishedRun",
+    "Recorded",
     "StateSave",
     "JSONValue",
     "ITERATION_DIGITS",
     "checked",
     "digits",
     "encode_state",
+    "from_unix_us",
     "not_a_record",
     "to_unix_us",
-    "written",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ ITERATION_DIGITS = 18  # HINCRBY's 64 bits; the scripts repair a longer count th
 
 @dataclass(frozen=True, slots=True)
 class FinishedRun:
-    """A run to record in its job's checkpoint, fenced by its term (``record_run``). Its end
+    """A run to record in its job's checkpoint, fenced by its term (``record_runs``). Its end
     is not in it: the store stamps the record with its own clock when it writes it."""
 
     job: str
@@ -117,6 +118,17 @@ class FinishedRun:
     """What the run raised, in a line; cut to ``MAX_ERROR_CHARS`` when stored."""
     retention_s: float
     """How long the record outlives the last write while no node leads the job."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What the store says of the runs one ``record_runs`` call recorded."""
+
+    at: datetime
+    """The store's clock when it wrote them: their records' ``last_completed_at``."""
+    iterations: list[int | None]
+    """For each run, in order: its job's ``iteration`` after the write, or None when its
+    term no longer held the lock (nothing written)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +175,8 @@ def to_unix_us(moment: datetime) -> int:
     return (moment - _EPOCH) // _ONE_US
 
 
-def _from_us(us: int) -> datetime:
+def from_unix_us(us: int) -> datetime:
+    """The aware UTC instant ``us`` µs after the Unix epoch (``to_unix_us``'s inverse)."""
     return _EPOCH + us * _ONE_US
 
 
@@ -175,8 +188,8 @@ def digits(text: str, most: int = len(str(MAX_TOKEN))) -> int:
 
 # Field of the hash -> (attribute of Checkpoint, parser of the field's text).
 _FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "last_completed_us": ("last_completed_at", lambda text: _from_us(digits(text))),
-    "last_scheduled_us": ("last_scheduled_at", lambda text: _from_us(digits(text))),
+    "last_completed_us": ("last_completed_at", lambda text: from_unix_us(digits(text))),
+    "last_scheduled_us": ("last_scheduled_at", lambda text: from_unix_us(digits(text))),
     "last_outcome": ("last_outcome", str),
     "last_error": ("last_error", str),
     "node_id": ("node_id", str),
@@ -230,12 +243,6 @@ def not_a_record(job: str, what: str) -> None:
         job,
         what,
     )
-
-
-def written(job: str, fields: Mapping[str, str | bytes]) -> Checkpoint:
-    checkpoint = checked(job, fields)
-    assert checkpoint is not None, "a fenced write always leaves a whole-number iteration"
-    return checkpoint
 
 
 def encode_state(job: str, value: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:

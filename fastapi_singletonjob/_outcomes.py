@@ -68,6 +68,9 @@ class JobStats:
     """Dropped ticks by reason (a missing reason counts 0)."""
     not_leader: int = 0
     """Ticks that came while another node led the job (normal on followers)."""
+    unrecorded: int = 0
+    """Runs whose checkpoint record the store did not answer in time, or failed (whether it
+    was written is unknown); each is logged, and the run itself was not touched."""
     running_since: datetime | None = None
     last_run: RunRecord | None = None
     next_run: datetime | None = None

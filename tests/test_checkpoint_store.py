@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -32,9 +33,10 @@ from fastapi_singletonjob._checkpoint import (
     StateSave,
     encode_state,
 )
-from fastapi_singletonjob._clock import SystemClock
+from fastapi_singletonjob._clock import SYSTEM_CLOCK, SystemClock
 from fastapi_singletonjob._errors import ConfigurationError
 from fastapi_singletonjob._outcomes import Outcome
+from fastapi_singletonjob._run.recorder import Recorder
 from fastapi_singletonjob._store import keys as _keys
 from fastapi_singletonjob._store.base import LeaseRequest, Store
 from fastapi_singletonjob._store.memory import MemoryLeaseStore
@@ -102,8 +104,20 @@ async def record(
     at: datetime = SCHEDULED,
     retention_s: float = RETENTION_S,
 ) -> Checkpoint | None:
+    """Record one run; the record as stored after it (read back), or None when its term is
+    over."""
     run = FinishedRun(JOB, token, node, outcome, at, error, retention_s)
-    return await store.record_run(run)
+    recorded = await store.record_runs([run])
+    if recorded.iterations == [None]:
+        return None
+    checkpoint = await store.read_checkpoint(JOB)
+    assert checkpoint is not None and checkpoint.iteration == recorded.iterations[0]
+    assert checkpoint.last_completed_at == recorded.at
+    return checkpoint
+
+
+def run_of(token: int) -> FinishedRun:
+    return FinishedRun(JOB, token, "n1", Outcome.SUCCESS, SCHEDULED, None, RETENTION_S)
 
 
 async def save(
@@ -171,9 +185,7 @@ async def test_a_run_that_did_not_succeed_keeps_iteration_and_state(
 
     assert written is not None
     assert written.iteration == 1
-    assert written.state is None, "the reply leaves out the state (the writer knows it)"
-    stored = await case.store.read_checkpoint(JOB)
-    assert stored is not None and stored.state == {"after_id": 41}
+    assert written.state == {"after_id": 41}
     assert written.last_outcome == outcome.value
     assert written.last_scheduled_at == later
     assert written.last_completed_at is not None
@@ -207,9 +219,7 @@ async def test_a_stale_term_is_refused_once_another_began(case: Case) -> None:
 
     written = await record(case.store, new, node="n2")
     assert written is not None and before is not None
-    assert written.iteration == 2 and written.state is None
-    after = await case.store.read_checkpoint(JOB)
-    assert after is not None and after.state == ["cursor", 1]
+    assert written.iteration == 2 and written.state == ["cursor", 1]
     assert (written.node_id, written.fencing_token) == ("n2", new)
 
 
@@ -349,12 +359,10 @@ MOMENTS = {
 async def test_times_round_trip_to_the_microsecond(case: Case, moment: datetime) -> None:
     token = await new_term(case.store, "n1")
 
-    written = await case.store.record_run(
-        FinishedRun(JOB, token, "n1", Outcome.SUCCESS, moment, None, RETENTION_S)
-    )
+    await record(case.store, token, at=moment)
 
     read = await case.store.read_checkpoint(JOB)
-    assert written == read and read is not None
+    assert read is not None
     assert read.last_scheduled_at == moment
     assert read.last_scheduled_at.tzinfo == UTC
 
@@ -591,7 +599,7 @@ async def test_redis_one_write_is_one_script_call(
         with server.client() as client:
             client.config_resetstat()
             before = _calls(client)
-            await record(store, token)
+            await store.record_runs([run_of(token)])
             after = _calls(client)
             assert await save(store, token, {"after_id": 2})
             saved = _calls(client)
@@ -602,7 +610,7 @@ async def test_redis_one_write_is_one_script_call(
             client.config_resetstat()
             started = time.perf_counter()
             for _ in range(runs):
-                await record(store, token)
+                await store.record_runs([run_of(token)])
             elapsed_s = time.perf_counter() - started
             script = client.info("commandstats")["cmdstat_evalsha"]
     finally:
@@ -622,7 +630,7 @@ async def test_redis_one_write_is_one_script_call(
     delta = {name: n - read.get(name, 0) for name, n in loaded.items() if n > read.get(name, 0)}
     assert delta == {"hgetall": 1, "time": 1}  # one pipeline: one round trip
     print(
-        f"record_run: 1 round trip, {script['usec_per_call']} µs of script time on the server, "
+        f"record_runs: 1 round trip, {script['usec_per_call']} µs of script time on the server, "
         f"{elapsed_s / runs * 1e6:.0f} µs per call seen by the client ({runs} calls)"
     )
 
@@ -631,44 +639,47 @@ async def test_redis_one_write_is_one_script_call(
 async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced(
     fresh_redis: RedisServerFactory, unique_project: str
 ) -> None:
-    """Writes made while one is in flight go together: at most 2 script calls for 51 jobs
-    ending on one instant, and each job of the batch is fenced on its own (a stale token is refused
-    without refusing the others)."""
+    """The records put in one turn of the event loop go together (``Recorder``): one script
+    call for 51 jobs ending on one instant, and each job of the batch is fenced on its own (a
+    stale token is refused without refusing the others)."""
     server = fresh_redis()
     store = RedisLeaseStore(unique_project, url=server.url)
+    recorder = Recorder(store, clock=SYSTEM_CLOCK)
     jobs = [f"job-{i}" for i in range(51)]
+    told: dict[str, object] = {}
+
+    def tell(job: str, iteration: object, at: object) -> None:
+        told[job] = iteration
+
     try:
         replies = await store.elect("n1#nonce", [LeaseRequest(job, TTL_S) for job in jobs])
         tokens = [reply.token for reply in replies]
         assert all(token is not None for token in tokens)
         stale = jobs[7]
+        await store.record_runs([])  # loads the script
         with server.client() as client:
             client.delete(_keys.job_key(unique_project, stale, "lock"))  # its term is over
             client.config_resetstat()
-
-            async def run(job: str, token: int) -> Checkpoint | None:
-                return await store.record_run(
-                    FinishedRun(job, token, "n1", Outcome.SUCCESS, SCHEDULED, None, RETENTION_S)
-                )
-
-            written = await asyncio.gather(
-                *(run(job, token) for job, token in zip(jobs, tokens, strict=True) if token)
-            )
+            for job, token in zip(jobs, tokens, strict=True):
+                assert token is not None
+                run = FinishedRun(job, token, "n1", Outcome.SUCCESS, SCHEDULED, None, RETENTION_S)
+                recorder.put(run, 5.0, functools.partial(tell, job))
+            await wait_until(lambda: len(told) == len(jobs), 5.0, "every record answered")
             calls = _calls(client)
             stored = {
                 job: client.hget(_keys.job_key(unique_project, job, "checkpoint"), "iteration")
                 for job in jobs
             }
     finally:
+        await recorder.aclose()
         await store.aclose()
 
-    assert calls.get("evalsha", 0) <= 2, calls  # the first may go alone, then the others
-    for job, checkpoint in zip(jobs, written, strict=True):
+    assert calls.get("evalsha", 0) == 1, calls
+    for job in jobs:
         if job == stale:
-            assert checkpoint is None and stored[job] is None
+            assert told[job] is None and stored[job] is None
         else:
-            assert checkpoint is not None and checkpoint.iteration == 1, (job, checkpoint)
-            assert stored[job] == "1"
+            assert told[job] == 1 and stored[job] == "1", (job, told[job])
 
 
 @pytest.mark.redis
@@ -753,8 +764,8 @@ async def test_redis_calls_are_bounded_by_their_timeout(
             calls = {
                 "read the checkpoint": store.read_checkpoint(JOB, timeout_s=0.3),
                 "reset the checkpoint": store.reset_checkpoint(JOB, timeout_s=0.3),
-                "record a run": store.record_run(
-                    FinishedRun(JOB, token, "n1", Outcome.SUCCESS, SCHEDULED, None, 9.0),
+                "record a run": store.record_runs(
+                    [FinishedRun(JOB, token, "n1", Outcome.SUCCESS, SCHEDULED, None, 9.0)],
                     timeout_s=0.3,
                 ),
                 "save the state": store.save_state(

@@ -306,7 +306,7 @@ async def test_issue27_item3_a_reset_leaves_its_holder_a_one_shot_control(case: 
         token = holder.token
         assert token is not None
         run = FinishedRun("job", token, "n1", Outcome.SUCCESS, NOW, None, 60.0)
-        assert await case.store.record_run(run) is not None
+        assert (await case.store.record_runs([run])).iterations == [1]
         assert await case.store.reset_checkpoint("job") is True
         assert await case.store.read_checkpoint("job") is None
         await wait_until(lambda: len(heard) >= 1, 2.0, "the reset's notice")

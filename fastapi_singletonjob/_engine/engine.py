@@ -48,6 +48,7 @@ from .._election.elector import Elector
 from .._election.lease import Lease
 from .._job.spec import JobSpec
 from .._run.progress import Progress
+from .._run.recorder import Recorder
 from .._run.runner import JobRunner
 from .._run.ticker import Ticker
 from .._store.base import Store
@@ -114,6 +115,8 @@ class Engine:
             supervisor=self.supervisor,
             listener=self.ticker,
         )
+        self.recorder = Recorder(store, clock=clock)
+        """Writes the runs' checkpoint records, off their run path."""
         sync_jobs = sum(1 for spec in enabled if not spec.is_async)
         # One thread per sync job: a job never has two runs at once, so none ever queues.
         self._executor = (
@@ -133,6 +136,7 @@ class Engine:
                     store,
                     spec.name,
                     settings.node_id,
+                    recorder=self.recorder,
                     retention_s=settings.checkpoint_retention_s,
                     max_state_bytes=DEFAULT_MAX_STATE_BYTES,
                 )
@@ -239,6 +243,7 @@ class Engine:
         started so far is torn down and the store closed."""
         stack = self._stack
         stack.push_async_callback(self.store.aclose)
+        stack.push_async_callback(self.recorder.aclose)
         if self._executor is not None:
             stack.callback(self._executor.shutdown, wait=False)
         try:
@@ -280,6 +285,7 @@ class Engine:
         async def retire() -> None:
             if runner.current is not None:
                 await asyncio.wait({runner.current})
+            await runner.written()
             await self.elector.resign([runner.spec.name])
 
         task = self.supervisor.start(
@@ -322,6 +328,7 @@ class Engine:
         runs = {name: r.current for name, r in self.runners.items() if r.current is not None}
         idle = [name for name in self.runners if name not in runs]
         if idle:
+            await self._written(idle)
             await self.elector.resign(idle)
         stuck = await self._drain(runs) if runs else []
         if stuck:
@@ -335,6 +342,18 @@ class Engine:
             await cancel_and_wait(self._election)
         await self.elector.release([name for name in runs if name not in stuck])
         await self._close()
+
+    async def _written(self, jobs: Sequence[str]) -> None:
+        """Wait until the records of ``jobs``' runs are written, before their locks go: the
+        successor reads them (``iteration`` stays exact across a graceful handover). Each
+        record is bounded by its own deadline; this by the longest lease, as a backstop."""
+        writes = {
+            asyncio.ensure_future(self.runners[job].written())
+            for job in jobs
+            if self.runners[job].unwritten
+        }
+        for write in await wait_all(writes, self._longest_lease_s, self.clock):
+            write.cancel()
 
     async def _leave(self) -> None:
         """Leave the membership at once (else the record expires one lock expiry later)."""
@@ -369,5 +388,6 @@ class Engine:
             ended = [job_of[task] for task in pending - still]
             pending = still
             if ended:
+                await self._written(ended)
                 await self.elector.resign(ended)
         return [job_of[task] for task in pending]

@@ -1,25 +1,33 @@
 """A job's checkpoint as its runner on this node keeps it: read from the store once per term,
-replaced by the result of each fenced write. The record itself, its encoding and the store
-calls are in ``_checkpoint.py``.
+then kept up to date by each run's record, which this copy shows at once while the record
+goes to the store after the run (``_run.recorder``). The record itself, its encoding and the
+store calls are in ``_checkpoint.py``.
 
 Only the leader writes, fenced by its term's token inside the store, so within a term the
-copy kept here is the stored record, but for an operator's ``reset_checkpoint``, which
-deletes the record unfenced: the leader hears of it in its next election round (brought
-forward by the reset's notice) and ``forget``s this copy, so the next run reads the store. A
-read or write in flight across the reset is not trusted either (``_generation``).
+copy kept here is the stored record (a moment ahead of it while records are on their way; the
+store's own stamp and ``iteration`` replace the guess when it answers), but for an operator's
+``reset_checkpoint``, which deletes the record unfenced: the leader hears of it in its next
+election round (brought forward by the reset's notice) and ``forget``s this copy, so the next
+run reads the store. A read or write in flight across the reset is not trusted either
+(``_generation``). A record the store did not answer in time (or refused) leaves the copy
+unknown: the next run reads the store again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 from .._checkpoint import Checkpoint, FinishedRun, JSONValue, StateSave, encode_state
 from .._errors import LeadershipLost, UsageError
 from .._outcomes import Outcome
 from .._store.base import Store
+from .._store.records import shorten_error
+from .recorder import Recorder
 
 __all__ = ["Progress"]
 
@@ -39,12 +47,14 @@ class Progress:
         "_job",
         "_max_bytes",
         "_node_id",
+        "_recorder",
         "_retention_s",
         "_skew_warned",
         "_state",
         "_state_known",
         "_store",
         "_term",
+        "_unwritten",
         "read_at",
     )
 
@@ -54,10 +64,12 @@ class Progress:
         job: str,
         node_id: str,
         *,
+        recorder: Recorder,
         retention_s: float,
         max_state_bytes: int,
     ) -> None:
         self._store = store
+        self._recorder = recorder
         self._job = job
         self._node_id = node_id
         self._retention_s = retention_s
@@ -76,6 +88,8 @@ class Progress:
         self._generation = 0
         """Raised by each ``forget``: a read or write that began before one tells nothing
         of what is stored now."""
+        self._unwritten = 0
+        """Records put (``record``) whose write the store has not answered yet."""
 
     def loaded_for(self, token: int) -> bool:
         """Whether the checkpoint is known for term ``token`` (no read needed)."""
@@ -103,7 +117,7 @@ class Progress:
         self._term = None
         self._state_known = False
 
-    async def record(
+    def record(
         self,
         token: int,
         outcome: Outcome,
@@ -111,46 +125,94 @@ class Progress:
         completed_at: datetime,
         error: str | None,
         timeout_s: float,
-    ) -> bool:
-        """Record a finished run, fenced; a refusal or a store error is logged, and the next
-        run reads the stored record again. False on a store error (the store did not answer
-        in time, or failed), else True. ``completed_at`` (this node's clock) is not
-        stored: the store stamps the record with its own clock, and a node whose clock is
-        far from it is told so."""
-        self._term = None
-        generation = self._generation
-        written = None
-        try:
-            if timeout_s > 0:  # else the term is over, and the store would refuse the write
-                run = FinishedRun(
-                    self._job, token, self._node_id, outcome, scheduled_at, error, self._retention_s
+        written: Callable[[bool], None],
+    ) -> None:
+        """Record a finished run, fenced, off the run path: the record goes to the store with
+        the others of this turn (``Recorder``), and the copy kept here already shows it, so
+        that the term's next run starts at once with the right ``iteration``. ``written`` is
+        told whether the store answered (False: it did not in time, or failed; then the next
+        run reads the stored record again). A refusal (the term is over) or a store error is
+        logged. ``completed_at`` (this node's clock) stands in for the store's stamp until the
+        store answers with it, and is never stored: a node whose clock is far from the
+        store's is told so."""
+        if timeout_s <= 0:  # the term is over: the store would refuse the write
+            self._refused(token, scheduled_at)
+            written(True)
+            return
+        success = outcome is Outcome.SUCCESS
+        if self._term == token and self._state_known:
+            cached = self._cached or Checkpoint(0)
+            self._cached = dataclasses.replace(
+                cached,
+                iteration=cached.iteration + success,
+                last_completed_at=completed_at,
+                last_scheduled_at=scheduled_at,
+                last_outcome=outcome.value,
+                last_error=None if success else shorten_error(error) or None,
+                node_id=self._node_id,
+                fencing_token=token,
+                state=self._state,
+            )
+        else:  # not known for this term (a reset, a state save that failed): read it again
+            self._term = None
+        self._unwritten += 1
+        run = FinishedRun(
+            self._job, token, self._node_id, outcome, scheduled_at, error, self._retention_s
+        )
+        done = functools.partial(
+            self._written, token, scheduled_at, completed_at, self._generation, written
+        )
+        self._recorder.put(run, timeout_s, done)
+
+    def _written(
+        self,
+        token: int,
+        scheduled_at: datetime,
+        completed_at: datetime,
+        generation: int,
+        written: Callable[[bool], None],
+        iteration: int | None | Exception,
+        at: datetime | None,
+    ) -> None:
+        """The store's answer to a record of ``record``."""
+        self._unwritten -= 1
+        if isinstance(iteration, Exception):
+            logger.warning(
+                "job %r: node %s could not record a run in the checkpoint: %r",
+                self._job,
+                self._node_id,
+                iteration,
+            )
+            self._term = None
+            written(False)
+            return
+        if iteration is None:
+            self._refused(token, scheduled_at)
+        elif at is not None:
+            self._warn_if_skewed(completed_at, at)
+            cached = self._cached
+            if (
+                not self._unwritten  # else a later record's guess is the newer
+                and generation == self._generation  # else reset meanwhile: read it again
+                and self._term == token
+                and cached is not None
+            ):
+                self._cached = dataclasses.replace(
+                    cached, iteration=iteration, last_completed_at=at
                 )
-                written = await self._store.record_run(run, timeout_s=timeout_s)
-        except Exception as exc:
-            logger.warning(
-                "job %r: node %s could not record its run of %s in the checkpoint: %r",
-                self._job,
-                self._node_id,
-                scheduled_at.isoformat(),
-                exc,
-            )
-            return False
-        if written is None:
-            logger.warning(
-                "job %r: the run of %s on node %s ended after its term (fencing token %d); "
-                "not recorded, the next leader resumes from the stored checkpoint",
-                self._job,
-                scheduled_at.isoformat(),
-                self._node_id,
-                token,
-            )
-            return True
-        self._warn_if_skewed(completed_at, written.last_completed_at)
-        if generation != self._generation:
-            return True  # reset meanwhile: whether before or after this write is unknown
-        self._cached = dataclasses.replace(written, state=self._state)
-        self._term = token if self._state_known else None
-        return True
+        written(True)
+
+    def _refused(self, token: int, scheduled_at: datetime) -> None:
+        """The record of a run of term ``token`` was not written: the term is over."""
+        self._term = None
+        logger.warning(
+            "job %r: the run of %s on node %s ended after its term (fencing token %d); "
+            "not recorded, the next leader resumes from the stored checkpoint",
+            self._job,
+            scheduled_at.isoformat(),
+            self._node_id,
+            token,
+        )
 
     def _warn_if_skewed(self, ended_at: datetime, stamped_at: datetime | None) -> None:
         """Say so when this node's wall clock is far from the store's: the record shows the

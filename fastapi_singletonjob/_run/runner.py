@@ -9,14 +9,17 @@ and counted, never queued. Leadership is checked synchronously right before the 
 starts, so a node whose lease ran out, even while its event loop was blocked, never starts a
 run; and the pause as the election last learned it is checked at every start, each instant of
 a catch-up included. Every run whose code began is recorded in the checkpoint with how it
-ended, a run cancelled at shutdown too (the write is shielded from the cancel, and fenced: a
-term that ended records nothing).
+ended, a run cancelled at shutdown too (fenced: a term that ended records nothing). The run
+ends when the job's code returns: its duration is the code's, the job is idle at once, and
+the record goes to the store after it (``_run/recorder.py``); the job stays busy for the
+election until the store has answered, so that a handover waits for its records.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -61,6 +64,7 @@ class JobRunner:
     """Starts and supervises the runs of one job on this node."""
 
     __slots__ = (
+        "_all_written",
         "_claimed_term",
         "_closed",
         "_current",
@@ -72,6 +76,7 @@ class JobRunner:
         "_rng",
         "_task_name",
         "_telemetry",
+        "_unwritten",
         "clock",
         "lease",
         "policy",
@@ -114,6 +119,10 @@ class JobRunner:
         self._iteration = 0
         self._current: asyncio.Task[None] | None = None
         self._closed = False
+        self._unwritten = 0
+        """Records of this job's runs the store has not answered yet (``_save_outcome``)."""
+        self._all_written: asyncio.Future[None] | None = None
+        """Resolved when ``_unwritten`` falls back to 0 (``written``)."""
         self._failing: tuple[int, float] | None = None
         """(term, since): the runs of that term could not start since that monotonic time,
         as the store's claims or checkpoint calls failed or timed out; None once one did."""
@@ -426,10 +435,12 @@ class JobRunner:
         return delay_s
 
     def _ended(self, resume_in_s: float | None = None) -> None:
-        """The run in flight (or the catch-up) has ended: the job is idle again."""
+        """The run in flight (or the catch-up) has ended: the job is idle again, and for the
+        election once its records are written too (``_written``)."""
         self._current = None
         self.stats.running_since = None
-        self._leadership.run_ended(self.spec.name)
+        if not self._unwritten:
+            self._leadership.run_ended(self.spec.name)
         if self._on_end is not None:
             self._on_end(self.spec.name, resume_in_s)
 
@@ -521,19 +532,19 @@ class JobRunner:
                 self.drop(DropReason.LEASE_EXPIRED)
             except asyncio.CancelledError:
                 # Cancelled from outside (shutdown, past shutdown_timeout): recorded as such
-                # while the term holds (the election renews it during the drain), then the
-                # cancel goes on.
-                await self._save_outcome(ctx, Outcome.CANCELLED, None, most_s=RECORD_AFTER_CANCEL_S)
+                # while the term holds (the election renews it until the record is written),
+                # then the cancel goes on.
+                self._save_outcome(ctx, Outcome.CANCELLED, None, most_s=RECORD_AFTER_CANCEL_S)
                 raise
             else:
-                await self._save_outcome(ctx, outcome, error)  # before the run counts as ended
+                self._save_outcome(ctx, outcome, error)
             finally:
-                if ran:
+                if ran:  # the run ends when the job's code returns: the record goes after
                     duration_s = self.clock.monotonic() - started
                     self._telemetry.run_finished(span, ctx.job, outcome, duration_s, error)
                     self._record(ctx, outcome, error, duration_s)
 
-    async def _save_outcome(
+    def _save_outcome(
         self,
         ctx: JobContext,
         outcome: Outcome,
@@ -541,34 +552,50 @@ class JobRunner:
         *,
         most_s: float | None = None,
     ) -> None:
-        """Record the run in the checkpoint, fenced (a term that ended writes nothing), the
-        store call bounded by the time left on the lease (and by ``most_s``). The write is
-        shielded: a cancel that lands meanwhile (shutdown) waits for it and goes on after."""
+        """Record the run in the checkpoint, fenced (a term that ended writes nothing), off
+        the run path (``Progress.record``), bounded by the time left on the lease (and by
+        ``most_s``). Until the store answers, the job counts as busy for the election: a
+        handover of it waits for its records, so that the successor reads them."""
         if self.progress is None:
             return
         timeout_s = self.time_left() if most_s is None else min(self.time_left(), most_s)
-        write = asyncio.create_task(
-            self.progress.record(
-                ctx.fencing_token,
-                outcome,
-                ctx.scheduled_at,
-                self.clock.now(),
-                None if error is None else summary(error),
-                timeout_s,
-            ),
-            name=f"singletonjob record {self.spec.name!r}",
+        self._unwritten += 1
+        if self._unwritten == 1:
+            self._all_written = asyncio.get_running_loop().create_future()
+        written = functools.partial(self._written, ctx.fencing_token, self.clock.monotonic())
+        self.progress.record(
+            ctx.fencing_token,
+            outcome,
+            ctx.scheduled_at,
+            self.clock.now(),
+            None if error is None else summary(error),
+            timeout_s,
+            written,
         )
-        cancelled = False
-        sent_at = self.clock.monotonic()
-        while not write.done():
-            try:
-                await asyncio.shield(write)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
-        if not write.result():
-            self._store_failed(ctx.fencing_token, sent_at, "its checkpoint could not be written")
+
+    def _written(self, token: int, sent_at: float, answered: bool) -> None:
+        """The store answered a record of this job's (``answered``), or did not in time."""
+        self._unwritten -= 1
+        if not answered:
+            self.stats.unrecorded += 1
+            self._store_failed(token, sent_at, "its checkpoint could not be written")
+        if self._unwritten:
+            return
+        if self._all_written is not None and not self._all_written.done():
+            self._all_written.set_result(None)
+        if self._current is None:
+            self._leadership.run_ended(self.spec.name)
+
+    @property
+    def unwritten(self) -> int:
+        """Records of this job's runs the store has not answered yet."""
+        return self._unwritten
+
+    async def written(self) -> None:
+        """Wait until the store has answered every record of this job's runs (each is bounded
+        by its own deadline)."""
+        if self._unwritten and self._all_written is not None:
+            await asyncio.shield(self._all_written)
 
     def _record(
         self, ctx: JobContext, outcome: Outcome, error: BaseException | None, duration_s: float

@@ -24,6 +24,7 @@ from .._checkpoint import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     Checkpoint,
     FinishedRun,
+    Recorded,
     StateSave,
 )
 from .._lock_value import (
@@ -246,24 +247,25 @@ class Store(Protocol):
         """Close what this store opened (never a client the user passed in)."""
         ...
 
-    async def record_run(
-        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> Checkpoint | None:
-        """Record ``run`` in its job's checkpoint, if the lock still holds a value of the run's
-        term (checked inside the store): a success adds one to ``iteration`` and clears
-        ``last_error``, another outcome keeps ``iteration`` and stores the error (cut to
-        ``MAX_ERROR_CHARS``); ``state`` is kept. Sets the record's expiry to the run's
-        ``retention_s`` from now. Returns the record as written, without its ``state`` (None
-        there: it may be 64 KiB, and the caller knows it), or None when the term is over
-        (nothing written). ``ConnectionError`` past ``timeout_s``: then whether the
-        write happened is unknown."""
+    async def record_runs(
+        self, runs: Sequence[FinishedRun], *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Recorded:
+        """Record each of ``runs``, in order, in its job's checkpoint, if the lock still holds
+        a value of the run's term (checked inside the store, run by run): a success adds one
+        to ``iteration`` and clears ``last_error``, another outcome keeps ``iteration`` and
+        stores the error (cut to ``MAX_ERROR_CHARS``); ``state`` is kept. Sets each record's
+        expiry to its run's ``retention_s`` from now. One call however many runs (and jobs:
+        a job may come more than once, its runs in the order they ended). Returns the store's
+        clock at the writes and each run's ``iteration`` after its write (None: its term is
+        over, nothing written). ``ConnectionError`` past ``timeout_s``: then whether the
+        writes happened is unknown."""
         ...
 
     async def save_state(
         self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> bool:
         """Replace the ``state`` of the job's checkpoint by ``save.state_json``, fenced as
-        ``record_run``; other fields stay. False when the term is
+        ``record_runs``; other fields stay. False when the term is
         over (nothing written)."""
         ...
 

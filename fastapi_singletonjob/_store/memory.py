@@ -21,11 +21,11 @@ from .._checkpoint import (
     ITERATION_DIGITS,
     Checkpoint,
     FinishedRun,
+    Recorded,
     StateSave,
     checked,
     digits,
     to_unix_us,
-    written,
 )
 from .._clock import Clock
 from .._lock_value import is_lock_value, lock_value, parse_lock_value
@@ -44,7 +44,7 @@ from .base import (
     ReleaseListener,
 )
 from .membership import MemberRecord, Membership
-from .records import RUN_FIELDS, job_names, retention_ms, run_args, token_text
+from .records import job_names, retention_ms, run_args, token_text
 
 __all__ = ["MemoryLeaseStore"]
 
@@ -349,23 +349,29 @@ class MemoryLeaseStore:
 
     # Checkpoints, as RECORD_RUN and SAVE_STATE write them
 
-    async def record_run(
-        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> Checkpoint | None:
-        """See ``Store.record_run``; ``timeout_s`` is not used (no I/O). The run's end is
+    async def record_runs(
+        self, runs: Sequence[FinishedRun], *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Recorded:
+        """See ``Store.record_runs``; ``timeout_s`` is not used (no I/O). The runs' end is
         stamped with the store's clock, the injected clock's ``now()``, as ``RECORD_RUN``
         stamps it with the server's ``TIME``."""
-        args, job = run_args(run), run.job
         await asyncio.sleep(0)  # a real store is a suspension point too
+        now = self._clock.now()
+        return Recorded(now, [self._record_run(run, to_unix_us(now)) for run in runs])
+
+    def _record_run(self, run: FinishedRun, now_us: int) -> int | None:
+        """``RECORD_RUN`` for one run: its job's iteration after the write, None if fenced."""
+        args, job = run_args(run), run.job
         record = self._fenced(job, run.token)
         if record is None:
             return None
         success = args[2] == Outcome.SUCCESS.value
-        record["iteration"] = str(int(record["iteration"]) + success)
+        iteration = int(record["iteration"]) + success
+        record["iteration"] = str(iteration)
         record.update(
             last_outcome=args[2],
             last_scheduled_us=args[3],
-            last_completed_us=str(to_unix_us(self._clock.now())),
+            last_completed_us=str(now_us),
             node_id=run.node_id,
             fencing_token=args[0],
         )
@@ -374,7 +380,7 @@ class MemoryLeaseStore:
         else:
             record["last_error"] = args[4]
         self._keep(job, record, args[5])
-        return written(job, {key: value for key, value in record.items() if key in RUN_FIELDS})
+        return iteration
 
     async def save_state(
         self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S

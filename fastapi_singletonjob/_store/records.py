@@ -1,5 +1,5 @@
 """The encoding both stores share: the ``RECORD_RUN`` and ``SAVE_STATE`` arguments (checked),
-the fields ``record_run`` returns, and how the cluster read names jobs and reads a job's last
+and how the cluster read names jobs and reads a job's last
 claimed instant. The memory store reads the same lists the Redis scripts take, so both write
 the same records."""
 
@@ -16,7 +16,6 @@ from .membership import MemberRecord
 
 __all__ = [
     "LAST_INSTANT_US",
-    "RUN_FIELDS",
     "job_names",
     "last_us",
     "retention_ms",
@@ -26,18 +25,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("fastapi_singletonjob.store")
-
-RUN_FIELDS = (
-    "iteration",
-    "last_scheduled_us",
-    "last_completed_us",
-    "last_outcome",
-    "last_error",
-    "node_id",
-    "fencing_token",
-)
-"""The fields ``record_run`` returns, in ``RECORD_RUN``'s order: all but the state, which can
-be as large as 64 KiB and which the caller knows (it saved it, or read it)."""
 
 
 def shorten_error(error: str | None) -> str:

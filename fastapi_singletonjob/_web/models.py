@@ -96,6 +96,12 @@ class JobStatus(BaseModel):
     dropped_ticks: int = Field(description="Ticks this node dropped while leading.")
     dropped: dict[DropReason, int]
     not_leader_ticks: int = Field(description="Ticks that came while another node led.")
+    unrecorded_runs: int = Field(
+        0,
+        description="Runs whose checkpoint record Redis did not answer in time, or refused "
+        "with an error (whether it was written is unknown); each is logged as a WARNING. The "
+        "runs themselves went on.",
+    )
     error: str | None = Field(None, description="Why the job stopped on this node, if it did.")
     let_go: str | None = Field(
         None,

@@ -145,6 +145,7 @@ def _job_status(source: StatusSource, name: str, snap: EngineSnapshot | None) ->
         dropped_ticks=stats.dropped_total,
         dropped={reason: stats.dropped[reason] for reason in DropReason},
         not_leader_ticks=stats.not_leader,
+        unrecorded_runs=stats.unrecorded,
         error=None if job is None or job.error is None else repr(job.error),
         let_go=job.let_go if job else None,
         checkpoint=None,

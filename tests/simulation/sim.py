@@ -61,7 +61,7 @@ from typing import Any, Literal, TypeVar
 
 from opentelemetry import metrics, trace
 
-from fastapi_singletonjob._checkpoint import Checkpoint
+from fastapi_singletonjob._checkpoint import Checkpoint, Recorded
 from fastapi_singletonjob._config.settings import Settings
 from fastapi_singletonjob._election.lease import Lease
 from fastapi_singletonjob._engine.engine import Engine
@@ -708,7 +708,7 @@ class NodeStore:
 
     # The simulated jobs keep no checkpoint (make_spec): these are never called.
 
-    async def record_run(self, *args: object, **kwargs: object) -> Checkpoint | None:
+    async def record_runs(self, *args: object, **kwargs: object) -> Recorded:
         raise AssertionError("the simulated jobs keep no checkpoint")
 
     async def save_state(self, *args: object, **kwargs: object) -> bool:

@@ -1,4 +1,4 @@
-"""Checkpoints on Redis: the fenced ``RECORD_RUN`` (coalesced, ``_store.redis.batch``) and
+"""Checkpoints on Redis: the fenced ``RECORD_RUN`` (many runs in one call: ``_run.recorder``) and
 ``SAVE_STATE`` scripts with their ``KEYS``, and the operators' read and reset (the
 ``RESET_CHECKPOINT`` script, which also tells the job's leader). The arguments are encoded in
 ``_store.records``, the record itself in ``_checkpoint``."""
@@ -16,16 +16,15 @@ from ..._checkpoint import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     Checkpoint,
     FinishedRun,
+    Recorded,
     StateSave,
     checked,
+    from_unix_us,
     not_a_record,
-    written,
 )
-from ..._clock import Clock
 from .. import keys as _keys
-from ..records import RUN_FIELDS, retention_ms, run_args, token_text
+from ..records import retention_ms, run_args, token_text
 from . import scripts as _scripts
-from .batch import Batcher
 from .connect import bounded
 from .topology import Topology, server_time
 
@@ -38,7 +37,7 @@ class RedisCheckpoints:
     """The checkpoint methods of the Redis store: one call each, on the topology's calls
     client (never the election's), bounded by ``timeout_s``."""
 
-    def __init__(self, topology: Topology, project: str, channel: str, *, clock: Clock) -> None:
+    def __init__(self, topology: Topology, project: str, channel: str) -> None:
         self._topology = topology
         self._project = project
         self._channel = channel
@@ -49,34 +48,13 @@ class RedisCheckpoints:
         self._reset = client.register_script(
             _scripts.RESET_CHECKPOINT_SHARDED if topology.sharded else _scripts.RESET_CHECKPOINT
         )
-        self._batcher: Batcher[tuple[str, list[str]], Any] = Batcher(
-            self._record_runs, clock=clock, unanswered=self._unrecorded
-        )
+        self._job_keys: dict[str, list[str]] = {}
 
-    async def record_run(
-        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> Checkpoint | None:
-        """See ``Store.record_run``: one ``EVALSHA`` of ``RECORD_RUN``, with the runs
-        of other jobs that ended while this node's previous write was in flight."""
-        reply = await self._batcher.submit((run.job, run_args(run)), timeout_s)
-        if not isinstance(reply, list):  # -1: the term is over
-            return None
-        fields = zip(RUN_FIELDS, reply, strict=True)
-        return written(run.job, {key: value for key, value in fields if value is not None})
-
-    def _unrecorded(self, item: tuple[str, list[str]], timeout_s: float) -> ConnectionError:
-        """The error of a run's record whose deadline passed (see ``Batcher``), as ``_call``
-        says it."""
-        return ConnectionError(
-            f"Redis at {self._topology.shown} did not record a run of job {item[0]!r} (whether "
-            f"it did is unknown) within {timeout_s:g}s"
-        )
-
-    async def _record_runs(
-        self, runs: Sequence[tuple[str, list[str]]], timeout_s: float
-    ) -> list[Any]:
-        """One ``RECORD_RUN`` call for ``runs`` (job, ARGV): one reply each."""
-        jobs = [job for job, _ in runs]
+    async def record_runs(
+        self, runs: Sequence[FinishedRun], *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Recorded:
+        """See ``Store.record_runs``: one ``EVALSHA`` of ``RECORD_RUN`` for all of ``runs``."""
+        jobs = [run.job for run in runs]
         what = (
             f"record a run of job {jobs[0]!r} (whether it did is unknown)"
             if len(jobs) == 1
@@ -84,11 +62,13 @@ class RedisCheckpoints:
             f"{'...' if len(jobs) > 3 else ''} (whether they were is unknown)"
         )
         keys = [key for job in jobs for key in self._keys(job)]
-        args = [arg for _, job_args in runs for arg in job_args]
-        replies: list[Any] = await self._call(
-            what, self._record_run(keys=keys, args=args), timeout_s
+        args = [arg for run in runs for arg in run_args(run)]
+        reply: list[Any] = await self._call(what, self._record_run(keys=keys, args=args), timeout_s)
+        at, *iterations = reply
+        return Recorded(
+            from_unix_us(int(at)),
+            [None if iteration == -1 else int(iteration) for iteration in iterations],
         )
-        return replies
 
     async def save_state(
         self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
@@ -172,13 +152,13 @@ class RedisCheckpoints:
         )
         return int(deleted) > 0
 
-    async def aclose(self) -> None:
-        """Fail the writes not answered yet (``ConnectionError``)."""
-        await self._batcher.aclose()
-
     def _keys(self, job: str) -> list[str]:
         """``KEYS`` of the fenced scripts for ``job``: its lock, its checkpoint."""
-        return [_keys.job_key(self._project, job, kind) for kind in ("lock", "checkpoint")]
+        keys = self._job_keys.get(job)
+        if keys is None:
+            keys = [_keys.job_key(self._project, job, kind) for kind in ("lock", "checkpoint")]
+            self._job_keys[job] = keys
+        return keys
 
     async def _call(self, what: str, call: Awaitable[Any], timeout_s: float) -> Any:
         """Await ``call``; ``ConnectionError`` past ``timeout_s`` (its connection dropped:

@@ -385,12 +385,15 @@ end
 # ARGV[6i-1] - the error, already shortened, or "" for none
 # ARGV[6i]   - retention of the record, in milliseconds
 #
-# Returns one value per job, in order: -1 (nothing written) when the term no longer holds the
-# lock; else the record after the write, the fields of ``RUN_FIELDS`` as HMGET returns them
-# (all but the state, which the caller knows). A success adds one to "iteration" and clears
-# "last_error"; any other outcome keeps "iteration" (and every run keeps "state"). All fields
-# are strings, so µs times and tokens stay exact. Each write sets the record's expiry to the
-# retention; ELECT is to refresh it while a node leads the job.
+# Returns first the server time of the writes in µs (the records' "last_completed_us"), then one
+# value per job, in order: -1 (nothing written) when the term no longer holds the lock; else the
+# record's "iteration" after the write, as a string (exact up to 2^63 - 1; the caller knows the
+# other fields, which it sent). The reply is that small on purpose: a node may send hundreds of
+# records in one call, and the client's work per reply value is most of a record's cost. A
+# success adds one to "iteration" and clears "last_error"; any other outcome keeps "iteration"
+# (and every run keeps "state"). All fields are strings, so µs times and tokens stay exact.
+# Each write sets the record's expiry to the retention; ELECT is to refresh it while a node
+# leads the job.
 #
 # "last_completed_us" is the server clock (TIME) when the run is recorded, never the caller's:
 # a new leader measures the time since it on the same clock (``Store.load_checkpoint``), so an
@@ -400,7 +403,7 @@ RECORD_RUN = (
     + """
 local t = redis.call('TIME')
 local now_us = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
-local out = {}
+local out = {now_us}
 for i = 1, #KEYS / 2 do
   local lock, record, a = KEYS[2 * i - 1], KEYS[2 * i], 6 * (i - 1)
   if fenced(lock, record, ARGV[a + 1]) then
@@ -415,10 +418,9 @@ for i = 1, #KEYS / 2 do
       redis.call('HSET', record, 'last_error', ARGV[a + 5])
     end
     redis.call('PEXPIRE', record, ARGV[a + 6])
-    out[i] = redis.call('HMGET', record, 'iteration', 'last_scheduled_us', 'last_completed_us',
-      'last_outcome', 'last_error', 'node_id', 'fencing_token')
+    out[i + 1] = redis.call('HGET', record, 'iteration')
   else
-    out[i] = -1
+    out[i + 1] = -1
   end
 end
 return out

@@ -24,7 +24,13 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ReadOnlyError, ResponseError
 
-from ..._checkpoint import DEFAULT_CHECKPOINT_TIMEOUT_S, Checkpoint, FinishedRun, StateSave
+from ..._checkpoint import (
+    DEFAULT_CHECKPOINT_TIMEOUT_S,
+    Checkpoint,
+    FinishedRun,
+    Recorded,
+    StateSave,
+)
 from ..._clock import SYSTEM_CLOCK, Clock
 from ..._lock_value import is_lock_value
 from .. import keys as _keys
@@ -90,7 +96,7 @@ class RedisStore:
             _scripts.RELEASE_SHARDED if topology.sharded else _scripts.RELEASE
         )
         self._claims = RedisClaims(topology, project, clock=clock)
-        self._checkpoints = RedisCheckpoints(topology, project, self._channel, clock=clock)
+        self._checkpoints = RedisCheckpoints(topology, project, self._channel)
         self._controls = RedisControls(topology, project, self._channel)
         self._subscription = ReleaseSubscription(topology, self._channel, clock=clock)
 
@@ -234,18 +240,17 @@ class RedisStore:
     async def aclose(self) -> None:
         """Close this store's own clients and pools; a user's client stays open."""
         try:
-            await self._checkpoints.aclose()
             await self._claims.aclose()
         finally:
             await self._topology.aclose()
 
     # Checkpoints
 
-    async def record_run(
-        self, run: FinishedRun, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> Checkpoint | None:
-        """See ``Store.record_run`` and ``RedisCheckpoints.record_run``."""
-        return await self._checkpoints.record_run(run, timeout_s=timeout_s)
+    async def record_runs(
+        self, runs: Sequence[FinishedRun], *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> Recorded:
+        """See ``Store.record_runs`` and ``RedisCheckpoints.record_runs``."""
+        return await self._checkpoints.record_runs(runs, timeout_s=timeout_s)
 
     async def save_state(
         self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
