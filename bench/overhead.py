@@ -343,7 +343,7 @@ async def cpu_child(args: argparse.Namespace) -> Json:
         "cpu_s": cpu,
         "wall_s": wall1 - wall0,
         "cpu_us_per_tick": cpu / ticks * 1e6 if ticks else None,
-        "expected_ticks": round(args.jobs * (wall1 - wall0) / args.period),
+        "expected_ticks": args.jobs * periods,  # every tick of the window's whole periods
         **library,
         "otel_sdk_imported": sys.modules.get("opentelemetry.sdk") is not None,
         "app": type(app).__name__,
