@@ -9,11 +9,11 @@ the scheduler's own cost, like APScheduler's; a checkpoint's cost per run is the
 family's) and with its defaults (checkpoints on) on a real redis-server that this family starts
 (``ON_REDIS``), both with the OpenTelemetry API alone (no SDK configured: every call a no-op),
 APScheduler 3 (``AsyncIOScheduler``, interval jobs), ``repeat_every``, and bare asyncio loops
-(the floor). For the library the child also reports, from the engine's snapshot
-(``Engine.snapshot``, what the status API reads): the ticks it dropped in the window, by
-reason, and the library's own duration of every run (``JobStats.last_run.duration_s``, which
-includes writing the run's record to Redis) over as many periods again after the window, read
-late in each period so that the reading neither counts in the CPU nor waits on a run in flight;
+(the floor). For the library the child also reports the ticks it dropped in the window, by
+reason (from the engine's snapshot, ``Engine.snapshot``, which the status API reads), and the
+library's own duration of every run (``JobStats.last_run.duration_s``, which includes writing
+the run's record to Redis) of as many periods again after the window, read by the body of the
+job's next run (``Counter.observing``: in the window the bodies only test that they need not);
 and on Redis, the script calls (``EVAL``, ``EVALSHA``, ``FCALL`` and their read-only forms in
 ``INFO commandstats``) and redis-server's own CPU time (``INFO cpu``) over the window.
 OpenTelemetry's share is measured apart, at a load the SDK keeps up with (100 jobs every
@@ -81,10 +81,6 @@ NO_SDK_VARIANTS = ("singletonjob", "singletonjob_redis_defaults")
 """The variants whose child runs as if opentelemetry-sdk were not installed (``NO_SDK``)."""
 SCRIPT_COMMANDS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
 """The commands that run a script in Redis: the script calls of ``INFO commandstats``."""
-SAMPLE_AT = 0.75
-"""Where in each period the run durations are read: late, so that the runs of the period's
-burst have ended (a run not yet recorded is read a period later) and the next burst is not
-due before the reading (several milliseconds for 1,000 jobs) is done."""
 OTEL_JOBS = 100
 """The load of the OpenTelemetry pair: light enough for the SDK variant to keep up with at
 ``PERIOD_S`` (a span exported per run costs several times a run without)."""
@@ -101,11 +97,33 @@ LIFECYCLE_JOBS = (1, 1000)
 
 
 class Counter:
+    """The ticks the jobs' bodies saw; for the library's jobs, also each run's duration as
+    the library recorded it, while ``durations`` is a list."""
+
     def __init__(self) -> None:
         self.ticks = 0
+        self.durations: list[float] | None = None
+        self.window = (math.inf, math.inf)
+        """The runs whose durations count: scheduled in [start, end), Unix seconds."""
 
     async def tick(self) -> None:
         self.ticks += 1
+
+    def observing(self, sj: Any, name: str) -> Callable[[], Awaitable[None]]:
+        """The body of the library's job ``name``: it counts its tick and, while
+        ``durations`` is a list, reads the library's record of the job's run before it. A
+        run starts only once the one before has ended and is recorded (a tick meanwhile is
+        dropped), so each run is read once, by the next."""
+
+        async def tick() -> None:
+            self.ticks += 1
+            if self.durations is not None:
+                last = sj.engine.runners[name].stats.last_run
+                start, end = self.window
+                if last is not None and start <= last.scheduled_at.timestamp() < end:
+                    self.durations.append(last.duration_s)
+
+        return tick
 
 
 def _otel_providers() -> tuple[Any, Any, Any]:
@@ -140,12 +158,13 @@ async def _cpu_singletonjob(
         meter_provider=meter_provider,
     )
     for i in range(jobs):
+        name = f"job-{i:04d}"
         if redis_url:  # the defaults: a checkpoint written after every run
-            sj.fixed_rate(f"job-{i:04d}", every=period)(counter.tick)
+            sj.fixed_rate(name, every=period)(counter.observing(sj, name))
         else:
             # The scheduler's own cost, as APScheduler's: without a checkpoint (its cost per
             # run is measured in the checkpoints family).
-            sj.fixed_rate(f"job-{i:04d}", every=period, checkpoint=False)(counter.tick)
+            sj.fixed_rate(name, every=period, checkpoint=False)(counter.observing(sj, name))
     await sj.start()
     return sj
 
@@ -211,21 +230,18 @@ def _redis_figures(before: Json, after: Json, ticks: int) -> Json:
     }
 
 
-async def _run_durations(sj: Any, period: float, periods: int) -> list[float]:
-    """The library's own duration (s) of every run of the next ``periods`` bursts: each job's
-    last run in the engine's snapshot, read at ``SAMPLE_AT`` of every period (and once more
-    for the last burst's late runs), each run taken once."""
+async def _run_durations(counter: Counter, period: float, periods: int) -> list[float]:
+    """The library's own duration (s) of every run of the next ``periods`` bursts, as the
+    bodies of the runs after them read it (``Counter.observing``); the reading stops two
+    periods after the last of those bursts, when every job has run again (or dropped its
+    ticks)."""
     first = (math.floor(time.time() / period) + 1) * period
-    end = first + periods * period
-    seen: dict[tuple[str, datetime], float] = {}
-    for k in range(periods + 1):
-        await asyncio.sleep(max(0.0, first + (k + SAMPLE_AT) * period - time.time()))
-        for name, job in sj.engine.snapshot().jobs.items():
-            last = job.stats.last_run
-            # The instants are multiples of the period: a half-period margin for rounding.
-            if last is not None and first - period / 2 < last.scheduled_at.timestamp() < end:
-                seen[(name, last.scheduled_at)] = last.duration_s
-    return list(seen.values())
+    # The instants are multiples of the period: half a period of margin for the rounding.
+    counter.window = (first - period / 2, first + (periods - 0.5) * period)
+    counter.durations = []
+    await asyncio.sleep(max(0.0, first + (periods + 2) * period - time.time()))
+    durations, counter.durations = counter.durations, None
+    return durations
 
 
 async def _cpu_apscheduler(counter: Counter, jobs: int, period: float) -> Any:
@@ -326,7 +342,7 @@ async def cpu_child(args: argparse.Namespace) -> Json:
     cpu = cpu1 - cpu0
     library: Json = {}
     if sj is not None:
-        durations_ms = [d * 1000 for d in await _run_durations(sj, args.period, periods)]
+        durations_ms = [d * 1000 for d in await _run_durations(counter, args.period, periods)]
         library = {
             "dropped": _less(dropped1, dropped0),
             "dropped_since_start": dropped1,
@@ -344,6 +360,7 @@ async def cpu_child(args: argparse.Namespace) -> Json:
         "wall_s": wall1 - wall0,
         "cpu_us_per_tick": cpu / ticks * 1e6 if ticks else None,
         "expected_ticks": args.jobs * periods,  # every tick of the window's whole periods
+        "ticks_per_s": ticks / (periods * args.period),
         **library,
         "otel_sdk_imported": sys.modules.get("opentelemetry.sdk") is not None,
         "app": type(app).__name__,
@@ -648,7 +665,7 @@ def _cpu_row(rows: list[Json]) -> Json:
         "cpu_percent": stats([100 * r["cpu_s"] / r["wall_s"] for r in rows], digits=1)["p50"],
         "ticks": [r["ticks"] for r in rows],
         "expected_ticks": [r["expected_ticks"] for r in rows],
-        "ticks_per_s": stats([r["ticks"] / r["wall_s"] for r in rows], digits=1)["p50"],
+        "ticks_per_s": stats([r["ticks_per_s"] for r in rows], digits=1)["p50"],
         **_library_row(rows),
         "otel_sdk_imported": any(r["otel_sdk_imported"] for r in rows),
     }
@@ -704,7 +721,6 @@ def _cpu(quick: bool, workdir: Path, server: RedisServer) -> Json:
             "window_s": window,
             "on_redis": list(ON_REDIS),
             "script_commands": list(SCRIPT_COMMANDS),
-            "duration_sample_at": SAMPLE_AT,
             "redis_server": _common.redis_version(server),
         },
         "by_jobs": by_jobs,

@@ -202,7 +202,7 @@ def precision_goals(data: Json) -> list[tuple[str, str, str, bool | None]]:
         )
         out.append(
             (
-                f"tick lateness p99, {period} ms ticks, {_load(background)}",
+                f"tick lateness p99, {period} ms ticks, {_load(background)}, `memory://`",
                 f"≤ {num(BESIDE_FLOOR_FACTOR, 0)} × the asyncio floor's: {num(limit, 2)} ms",
                 f"{num(ours, 2)} ms",
                 None if limit is None else below(ours, limit, inclusive=True),
@@ -228,7 +228,7 @@ def drift_goals(data: Json) -> list[tuple[str, str, str, bool | None]]:
     """No drift: the library's lateness does not grow over the run."""
     out: list[tuple[str, str, str, bool | None]] = []
     for row in _precision_rows(data, "singletonjob"):
-        where = f"{row['period_ms']} ms ticks, {_load(row['background'])}"
+        where = f"{row['period_ms']} ms ticks, {_load(row['background'])}, `memory://`"
         drift = row["drift_ms"]
         out.append(
             (
@@ -1292,11 +1292,13 @@ def library_runs(cpu: Json) -> list[str]:
         "with no await between that read and the tick counter's. *Run duration* is the "
         "library's own (`JobStats.last_run.duration_s`, what the status API shows: from the "
         "run's start to its end, which with a checkpoint comes once the run's record is "
-        f"written), of every run of as many periods again right after the window, read at "
-        f"{num(c.get('duration_sample_at', 0.75) * 100, 0)} % of each period (a run not yet "
-        "recorded then is read a period later; the readings' own CPU is not in the CPU "
-        "figures); the figures are the medians of the repeats' p50 and p99, and the largest "
-        "max. *Script calls*: `"
+        "written), of every run of as many periods again right after the window, read by the "
+        "body of the job's next run: a run starts only once the one before it has ended and "
+        "is recorded, so each run is read once, and none is missed as a sampling of the "
+        "status would miss the slowest (in the CPU window the bodies only test that they "
+        "need not read). The figures are the medians of the repeats' p50 and p99, and the "
+        "largest max; *runs read* short of the expected are ticks dropped in that second "
+        "window. *Script calls*: `"
         + "`, `".join(c.get("script_commands", ["evalsha"])).upper()
         + "` in `INFO commandstats` (a coalesced write counts once, however many records it "
         "carries; the election rounds count too), per second of the window, and per run in "
@@ -1311,7 +1313,7 @@ def library_runs(cpu: Json) -> list[str]:
             "runs/s: delivered / expected",
             "ticks dropped in the window",
             "run duration p50 / p99 / max (ms)",
-            "runs sampled / expected",
+            "runs read / expected",
             "Redis script calls/s (per run)",
             "Redis CPU per tick (µs)",
         ],
