@@ -135,10 +135,12 @@ def build(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Run the benchmarks (``python -m bench``, about 10 minutes; ``-- --quick`` for a short
     check of every family, about 2-3 minutes; ``-- --only NAME`` for some families) and render
-    docs/benchmarks.md from bench/results.json. The library is measured beside APScheduler 3,
+    docs/benchmarks.md from bench/results.json. The library, on ``memory://`` and with its
+    defaults on a redis-server the bench starts, is measured beside APScheduler 3,
     fastapi-utils' repeat_every and bare asyncio loops in the same run: tick lateness at 10,
-    100 and 500 ms (also with ``precision=``), CPU per tick with 500 and 1,000 jobs, memory
-    per job, failover, Redis cost and scale."""
+    100 and 500 ms (also with ``precision=``), CPU per tick with 500 and 1,000 jobs (with
+    the library's drops, run durations and Redis script calls), memory per job, failover,
+    Redis cost and scale."""
     session.install("-e", ".[bench]")
     session.run("python", "-m", "bench", *session.posargs)
 

@@ -6,8 +6,16 @@ instants, as jobs declared without an offset are) and divides its CPU time
 (``time.process_time``) over a window of whole periods by the runs in it; ticks per second per
 core is the inverse. Variants: the library's ``fixed_rate`` on ``memory://`` (``checkpoint=False``:
 the scheduler's own cost, like APScheduler's; a checkpoint's cost per run is the checkpoints
-family's) with the OpenTelemetry API alone (no SDK configured: every call a no-op), APScheduler 3
-(``AsyncIOScheduler``, interval jobs), ``repeat_every``, and bare asyncio loops (the floor).
+family's) and with its defaults (checkpoints on) on a real redis-server that this family starts
+(``ON_REDIS``), both with the OpenTelemetry API alone (no SDK configured: every call a no-op),
+APScheduler 3 (``AsyncIOScheduler``, interval jobs), ``repeat_every``, and bare asyncio loops
+(the floor). For the library the child also reports the ticks it dropped in the window, by
+reason (from the engine's snapshot, ``Engine.snapshot``, which the status API reads), and the
+library's own duration of every run (``JobStats.last_run.duration_s``, which includes writing
+the run's record to Redis) of as many periods again after the window, read by the body of the
+job's next run (``Counter.observing``: in the window the bodies only test that they need not);
+and on Redis, the script calls (``EVAL``, ``EVALSHA``, ``FCALL`` and their read-only forms in
+``INFO commandstats``) and redis-server's own CPU time (``INFO cpu``) over the window.
 OpenTelemetry's share is measured apart, at a load the SDK keeps up with (100 jobs every
 100 ms): the library with and without the SDK and in-memory exporters
 (``SimpleSpanProcessor`` + ``InMemorySpanExporter``, ``InMemoryMetricReader``). Each variant
@@ -21,6 +29,7 @@ Startup: lifespan start to the first run of an interval job (and to the last of 
 ``memory://`` and on a local redis-server. Shutdown: lifespan exit while no run is in flight.
 
     python -m bench.overhead cpu --scheduler singletonjob --jobs 1000 --period 0.1
+    python -m bench.overhead cpu --scheduler singletonjob_redis_defaults --url redis://...
     python -m bench.overhead memory --scheduler apscheduler --jobs 1000
     python -m bench.overhead lifecycle --url redis://... --repeats 10
 """
@@ -39,13 +48,17 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import _common
 from bench._common import Child, Json, optional, say, spawn, stats, stop_children
 
+if TYPE_CHECKING:
+    from bench._common import RedisServer
+
 CPU_SCHEDULERS = (
     "singletonjob",
+    "singletonjob_redis_defaults",
     "singletonjob_otel",
     "apscheduler",
     "repeat_every",
@@ -53,8 +66,21 @@ CPU_SCHEDULERS = (
 )
 CPU_JOBS = (500, 1000)
 """The job counts of the CPU comparison."""
-CPU_VARIANTS = ("singletonjob", "apscheduler", "repeat_every", "asyncio_floor")
+CPU_VARIANTS = (
+    "singletonjob",
+    "singletonjob_redis_defaults",
+    "apscheduler",
+    "repeat_every",
+    "asyncio_floor",
+)
 """The variants of the CPU comparison, each at every count of ``CPU_JOBS``."""
+ON_REDIS = ("singletonjob_redis_defaults",)
+"""The variants on this family's redis-server (``--url``); the library's others are on
+``memory://``."""
+NO_SDK_VARIANTS = ("singletonjob", "singletonjob_redis_defaults")
+"""The variants whose child runs as if opentelemetry-sdk were not installed (``NO_SDK``)."""
+SCRIPT_COMMANDS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
+"""The commands that run a script in Redis: the script calls of ``INFO commandstats``."""
 OTEL_JOBS = 100
 """The load of the OpenTelemetry pair: light enough for the SDK variant to keep up with at
 ``PERIOD_S`` (a span exported per run costs several times a run without)."""
@@ -71,11 +97,33 @@ LIFECYCLE_JOBS = (1, 1000)
 
 
 class Counter:
+    """The ticks the jobs' bodies saw; for the library's jobs, also each run's duration as
+    the library recorded it, while ``durations`` is a list."""
+
     def __init__(self) -> None:
         self.ticks = 0
+        self.durations: list[float] | None = None
+        self.window = (math.inf, math.inf)
+        """The runs whose durations count: scheduled in [start, end), Unix seconds."""
 
     async def tick(self) -> None:
         self.ticks += 1
+
+    def observing(self, sj: Any, name: str) -> Callable[[], Awaitable[None]]:
+        """The body of the library's job ``name``: it counts its tick and, while
+        ``durations`` is a list, reads the library's record of the job's run before it. A
+        run starts only once the one before has ended and is recorded (a tick meanwhile is
+        dropped), so each run is read once, by the next."""
+
+        async def tick() -> None:
+            self.ticks += 1
+            if self.durations is not None:
+                last = sj.engine.runners[name].stats.last_run
+                start, end = self.window
+                if last is not None and start <= last.scheduled_at.timestamp() < end:
+                    self.durations.append(last.duration_s)
+
+        return tick
 
 
 def _otel_providers() -> tuple[Any, Any, Any]:
@@ -92,34 +140,108 @@ def _otel_providers() -> tuple[Any, Any, Any]:
     return tracer_provider, meter_provider, exporter
 
 
-async def _cpu_singletonjob(counter: Counter, jobs: int, period: float, otel: bool) -> Any:
+async def _cpu_singletonjob(
+    counter: Counter, jobs: int, period: float, otel: bool, redis_url: str | None = None
+) -> Any:
+    """The library with ``jobs`` fixed-rate jobs: on ``memory://`` without checkpoints, or
+    with its defaults on ``redis_url`` (a project per process: the children share the
+    server)."""
     from fastapi_singletonjob import SingletonJobs
 
     tracer_provider = meter_provider = None
     if otel:
         tracer_provider, meter_provider, _ = _otel_providers()
     sj = SingletonJobs(
-        redis_url="memory://overhead",
-        project="bench-overhead",
+        redis_url=redis_url or "memory://overhead",
+        project=f"bench-overhead-{os.getpid()}" if redis_url else "bench-overhead",
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
     )
     for i in range(jobs):
-        # The scheduler's own cost, as APScheduler's: without a checkpoint (its cost per run
-        # is measured in the checkpoints family).
-        sj.fixed_rate(f"job-{i:04d}", every=period, checkpoint=False)(counter.tick)
+        name = f"job-{i:04d}"
+        if redis_url:  # the defaults: a checkpoint written after every run
+            sj.fixed_rate(name, every=period)(counter.observing(sj, name))
+        else:
+            # The scheduler's own cost, as APScheduler's: without a checkpoint (its cost per
+            # run is measured in the checkpoints family).
+            sj.fixed_rate(name, every=period, checkpoint=False)(counter.observing(sj, name))
     await sj.start()
     return sj
 
 
+async def _until_leading(sj: Any, timeout_s: float = 30.0) -> None:
+    """Wait until this process leads every job (at once on ``memory://``; after the first
+    election round, and the term's first reads, on Redis)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(job.leads for job in sj.engine.snapshot().jobs.values()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the jobs were not all led within {timeout_s:g} s")
+        await asyncio.sleep(0.05)
+
+
 def _dropped(sj: Any) -> dict[str, int]:
-    """Ticks the library dropped, by reason, over all its jobs."""
+    """Ticks the library dropped since it started, by reason, over all its jobs."""
     out: dict[str, int] = {}
-    for runner in sj.engine.runners.values() if sj.engine else ():
-        for reason, count in runner.stats.dropped.items():
+    for job in sj.engine.snapshot().jobs.values():
+        for reason, count in job.stats.dropped.items():
             if count:
                 out[reason.value] = out.get(reason.value, 0) + count
     return out
+
+
+def _less(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    """The counts of ``after`` less those of ``before`` (the ones that grew)."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+
+
+class RedisMeter:
+    """Script calls and redis-server CPU time, from ``INFO``, on the server the child's
+    library uses (its own client: none of the library's connections)."""
+
+    def __init__(self, url: str) -> None:
+        import redis.asyncio as aioredis
+
+        self.client = aioredis.Redis.from_url(url, decode_responses=True)
+
+    async def read(self) -> Json:
+        commands = await self.client.info("commandstats")
+        cpu = await self.client.info("cpu")
+        calls = sum(commands.get(f"cmdstat_{name}", {}).get("calls", 0) for name in SCRIPT_COMMANDS)
+        return {
+            "at": time.monotonic(),
+            "script_calls": calls,
+            "server_cpu_s": cpu["used_cpu_sys"] + cpu["used_cpu_user"],
+        }
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _redis_figures(before: Json, after: Json, ticks: int) -> Json:
+    """Script calls (per second, per run) and the server's CPU per tick between two reads."""
+    calls = after["script_calls"] - before["script_calls"]
+    elapsed = after["at"] - before["at"]
+    server_cpu = after["server_cpu_s"] - before["server_cpu_s"]
+    return {
+        "script_calls": calls,
+        "script_calls_per_s": calls / elapsed,
+        "script_calls_per_run": calls / ticks if ticks else None,
+        "redis_cpu_us_per_tick": server_cpu / ticks * 1e6 if ticks else None,
+    }
+
+
+async def _run_durations(counter: Counter, period: float, periods: int) -> list[float]:
+    """The library's own duration (s) of every run of the next ``periods`` bursts, as the
+    bodies of the runs after them read it (``Counter.observing``); the reading stops two
+    periods after the last of those bursts, when every job has run again (or dropped its
+    ticks)."""
+    first = (math.floor(time.time() / period) + 1) * period
+    # The instants are multiples of the period: half a period of margin for the rounding.
+    counter.window = (first - period / 2, first + (periods - 0.5) * period)
+    counter.durations = []
+    await asyncio.sleep(max(0.0, first + (periods + 2) * period - time.time()))
+    durations, counter.durations = counter.durations, None
+    return durations
 
 
 async def _cpu_apscheduler(counter: Counter, jobs: int, period: float) -> Any:
@@ -173,10 +295,18 @@ async def cpu_child(args: argparse.Namespace) -> Json:
     counter = Counter()
     before = set(asyncio.all_tasks())
     sj = None
+    if args.scheduler in ON_REDIS and args.url.startswith("memory://"):
+        raise SystemExit(f"--scheduler {args.scheduler} needs --url redis://...")
+    meter = RedisMeter(args.url) if args.scheduler in ON_REDIS else None
     if args.scheduler.startswith("singletonjob"):
         sj = await _cpu_singletonjob(
-            counter, args.jobs, args.period, otel=args.scheduler == "singletonjob_otel"
+            counter,
+            args.jobs,
+            args.period,
+            otel=args.scheduler == "singletonjob_otel",
+            redis_url=args.url if meter else None,
         )
+        await _until_leading(sj)
         stop = sj.stop
     elif args.scheduler == "apscheduler":
         stop = await _cpu_apscheduler(counter, args.jobs, args.period)
@@ -198,20 +328,40 @@ async def cpu_child(args: argparse.Namespace) -> Json:
     # Whole periods, from halfway between two bursts of ticks: a burst is never cut in two.
     half = (math.floor(time.time() / args.period) + 1.5) * args.period
     await asyncio.sleep(half - time.time())
+    periods = max(1, round(args.window / args.period))
+    # Read before the window opens and after it closes: their own CPU is not in it. The
+    # drops are read with no await between them and the ticks, so both cover the same runs.
+    redis0 = await meter.read() if meter else None
+    dropped0 = _dropped(sj) if sj is not None else {}
     ticks0, cpu0, wall0 = counter.ticks, time.process_time(), time.monotonic()
-    await asyncio.sleep(max(1, round(args.window / args.period)) * args.period)
+    await asyncio.sleep(periods * args.period)
     ticks1, cpu1, wall1 = counter.ticks, time.process_time(), time.monotonic()
-    dropped = _dropped(sj) if sj is not None else None
-    await stop()
+    dropped1 = _dropped(sj) if sj is not None else {}
+    redis1 = await meter.read() if meter else None
     ticks = ticks1 - ticks0
     cpu = cpu1 - cpu0
+    library: Json = {}
+    if sj is not None:
+        durations_ms = [d * 1000 for d in await _run_durations(counter, args.period, periods)]
+        library = {
+            "dropped": _less(dropped1, dropped0),
+            "dropped_since_start": dropped1,
+            "run_duration_ms": stats(durations_ms, digits=4),
+            "run_duration_expected": args.jobs * periods,
+        }
+    if meter is not None:
+        assert redis0 is not None and redis1 is not None
+        library.update(_redis_figures(redis0, redis1, ticks))
+        await meter.close()
+    await stop()
     return {
         "ticks": ticks,
-        "dropped_since_start": dropped,
         "cpu_s": cpu,
         "wall_s": wall1 - wall0,
         "cpu_us_per_tick": cpu / ticks * 1e6 if ticks else None,
-        "expected_ticks": round(args.jobs * (wall1 - wall0) / args.period),
+        "expected_ticks": args.jobs * periods,  # every tick of the window's whole periods
+        "ticks_per_s": ticks / (periods * args.period),
+        **library,
         "otel_sdk_imported": sys.modules.get("opentelemetry.sdk") is not None,
         "app": type(app).__name__,
     }
@@ -468,6 +618,42 @@ def _child_json(
         stop_children([child], timeout_s)
 
 
+def _median_of(rows: list[Json], key: str, digits: int) -> float | None:
+    """The median of ``key`` over the repeats that have it."""
+    median: float | None = stats([r[key] for r in rows if r.get(key) is not None], digits=digits)[
+        "p50"
+    ]
+    return median
+
+
+def _library_row(rows: list[Json]) -> Json:
+    """What the library's children report beside the CPU: drops, run durations, and on Redis
+    the script calls and the server's CPU (medians of the repeats, with every repeat's)."""
+    if "run_duration_ms" not in rows[0]:
+        return {}
+    durations = [r["run_duration_ms"] for r in rows]
+    out: Json = {
+        "dropped": [r["dropped"] for r in rows],
+        "dropped_since_start": [r["dropped_since_start"] for r in rows],
+        "run_duration_ms": {
+            "p50": stats([d["p50"] for d in durations if d["n"]], digits=4)["p50"],
+            "p99": stats([d["p99"] for d in durations if d["n"]], digits=4)["p50"],
+            "max": max((d["max"] for d in durations if d["n"]), default=None),
+            "n": sum(d["n"] for d in durations),
+            "expected": sum(r["run_duration_expected"] for r in rows),
+        },
+        "run_duration_p99_ms_all": [d["p99"] for d in durations],
+    }
+    if "script_calls" in rows[0]:
+        out.update(
+            script_calls_per_s=_median_of(rows, "script_calls_per_s", 2),
+            script_calls_per_s_all=[round(r["script_calls_per_s"], 2) for r in rows],
+            script_calls_per_run=_median_of(rows, "script_calls_per_run", 5),
+            redis_cpu_us_per_tick=_median_of(rows, "redis_cpu_us_per_tick", 2),
+        )
+    return out
+
+
 def _cpu_row(rows: list[Json]) -> Json:
     """The median CPU per tick of one variant's repeats, with every repeat's figures."""
     per_tick = [r["cpu_us_per_tick"] for r in rows if r["cpu_us_per_tick"]]
@@ -479,14 +665,16 @@ def _cpu_row(rows: list[Json]) -> Json:
         "cpu_percent": stats([100 * r["cpu_s"] / r["wall_s"] for r in rows], digits=1)["p50"],
         "ticks": [r["ticks"] for r in rows],
         "expected_ticks": [r["expected_ticks"] for r in rows],
-        "dropped_since_start": [r.get("dropped_since_start") for r in rows],
+        "ticks_per_s": stats([r["ticks_per_s"] for r in rows], digits=1)["p50"],
+        **_library_row(rows),
         "otel_sdk_imported": any(r["otel_sdk_imported"] for r in rows),
     }
 
 
-def _cpu(quick: bool, workdir: Path) -> Json:
+def _cpu(quick: bool, workdir: Path, server: RedisServer) -> Json:
     """CPU per tick: every (jobs, variant) of the comparison and the OpenTelemetry pair, in
-    fresh processes, the variants interleaved within each repeat."""
+    fresh processes, the variants interleaved within each repeat; the ``ON_REDIS`` variants
+    on ``server``, emptied before each of their children."""
     repeats, warmup, window = (1, 0.4, 0.6) if quick else (3, 1.5, 3.0)
     has_aps = optional("apscheduler") is not None
     plan = [
@@ -505,10 +693,14 @@ def _cpu(quick: bool, workdir: Path) -> Json:
                 *("--scheduler", scheduler, "--jobs", str(jobs), "--period", str(PERIOD_S)),
                 *("--warmup", str(warmup), "--window", str(window)),
             ]
+            if scheduler in ON_REDIS:
+                args += ["--url", server.url]
+                with server.client() as client:
+                    client.flushall()  # and the keys of the children before are gone
             # Without an SDK installed, the library's OpenTelemetry calls are no-ops.
-            no_sdk = scheduler == "singletonjob"
+            no_sdk = scheduler in NO_SDK_VARIANTS
             samples[key].append(
-                _child_json(f"{scheduler}-{jobs}", args, workdir, 30.0, no_sdk=no_sdk)
+                _child_json(f"{scheduler}-{jobs}", args, workdir, 60.0, no_sdk=no_sdk)
             )
     by_jobs: dict[str, Json] = {}
     otel: Json = {}
@@ -527,6 +719,9 @@ def _cpu(quick: bool, workdir: Path) -> Json:
             "repeats": repeats,
             "warmup_s": warmup,
             "window_s": window,
+            "on_redis": list(ON_REDIS),
+            "script_commands": list(SCRIPT_COMMANDS),
+            "redis_server": _common.redis_version(server),
         },
         "by_jobs": by_jobs,
         "otel": otel,
@@ -581,11 +776,11 @@ def _memory(quick: bool, workdir: Path) -> Json:
 def run(quick: bool, workdir: Path) -> Json:
     """CPU per tick (interleaved repeats), memory per job, then the lifecycle timings."""
     started = time.monotonic()
-    cpu = _cpu(quick, workdir)
-    memory = _memory(quick, workdir)
     lifecycle_repeats = 3 if quick else 10
     # Through the module: tests/servers.py (and redis) load on first use, not in every child.
     with _common.RedisServer.start(data_dir=workdir / "redis-overhead") as server:
+        cpu = _cpu(quick, workdir, server)
+        memory = _memory(quick, workdir)
         lifecycle = _child_json(
             "lifecycle",
             ["lifecycle", "--url", server.url, "--repeats", str(lifecycle_repeats)],
@@ -614,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=1.5)
     parser.add_argument("--window", type=float, default=3.0)
     parser.add_argument("--settle", type=float, default=0.5, help="memory: wait before measuring")
-    parser.add_argument("--url", default="memory://")
+    parser.add_argument("--url", default="memory://", help="lifecycle, and the ON_REDIS variants")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     child = {"cpu": cpu_child, "memory": memory_child, "lifecycle": lifecycle_child}[args.role]

@@ -13,16 +13,18 @@ of their own: on a 2-CPU machine their spinning would take the CPU from the othe
 and the others' wake-ups would preempt their spins. Each child also reports its process's CPU time
 over the window, which gives the CPU cost of the library's ``precision=`` setting.
 
-Schedulers: fastapi-singletonjob (``fixed_rate``, ``memory://``), the same with
-``precision=0.002`` (wake 2 ms early and yield to the loop until the instant), APScheduler 3
-(``AsyncIOScheduler``, interval trigger, ``max_instances=1``), fastapi-utils ``repeat_every``
-(or the canonical ``while True: await f(); await asyncio.sleep(s)`` when it is not installed),
-and a bare asyncio loop that sleeps until each grid instant: the floor any asyncio scheduler
-stands on.
+Schedulers: fastapi-singletonjob (``fixed_rate``, ``memory://``), the same with its defaults
+on a real redis-server that this family starts (``DEFAULTS_ON_REDIS``: checkpoints on, every
+job's record written after each run), the same on ``memory://`` with ``precision=0.002`` (wake
+2 ms early and yield to the loop until the instant), APScheduler 3 (``AsyncIOScheduler``,
+interval trigger, ``max_instances=1``), fastapi-utils ``repeat_every`` (or the canonical
+``while True: await f(); await asyncio.sleep(s)`` when it is not installed), and a bare asyncio
+loop that sleeps until each grid instant: the floor any asyncio scheduler stands on.
 
 ``REDIS_SCHEDULERS`` are the library on a real redis-server (``--redis-url``, a project of its
-own per child) with its checkpoints (the default) and with ``checkpoint=False``. This family
-does not run them: ``bench/checkpoints.py`` does, with its own server, through ``_phase``.
+own per child) with its checkpoints (the default) and with ``checkpoint=False``. The first is
+``DEFAULTS_ON_REDIS``, which this family runs in its phases beside the peers; both run in
+``bench/checkpoints.py``, with that family's server, through ``_phase``.
 
     python -m bench.precision child --scheduler singletonjob --period 0.01 --background 100 \\
         --offset 0.00125 --out result.json
@@ -44,6 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import _common
 from bench._common import (
     Child,
     Json,
@@ -68,6 +71,9 @@ SPINNING = ("singletonjob_precise", "asyncio_spin")
 """The variants that yield-spin before each instant: measured in phases of their own."""
 REDIS_SCHEDULERS = ("singletonjob_redis", "singletonjob_redis_nocheckpoint")
 """The library on Redis, checkpoint on and off (run by ``bench/checkpoints.py``)."""
+DEFAULTS_ON_REDIS = "singletonjob_redis"
+"""The library as configured by default, on Redis: run in this family's phases, beside the
+peers and the floor, on a redis-server of its own."""
 PRECISION_S = 0.002
 """The library's ``precision=`` in the ``singletonjob_precise`` rows."""
 SPIN_S = PRECISION_S
@@ -604,21 +610,38 @@ def json_load(path: Path) -> Json:
 def run(quick: bool, workdir: Path) -> Json:
     """Run both phases; return the summaries."""
     schedulers = [s for s in SCHEDULERS if s != "apscheduler" or optional("apscheduler")]
+    # The defaults on Redis next to the library on memory://: the rows alone take their
+    # places in the cycle by scheduler in turn (``_layout``).
+    schedulers.insert(schedulers.index("singletonjob") + 1, DEFAULTS_ON_REDIS)
     fast_s, slow_s = (4, 4) if quick else (50, SLOW_WINDOW_S)
     started = time.monotonic()
     plain = [s for s in schedulers if s not in SPINNING]
     spinning = [s for s in schedulers if s in SPINNING]
     slow = sum(POOLED.get(period, 1) + 1 for period in (0.1, 0.5))  # alone, and beside jobs
     results = []
-    for periods, window_s, phases in (
-        ((0.01,), fast_s, ((0,), (BACKGROUND_JOBS,))),
-        ((0.1, 0.5), slow_s, ((0, BACKGROUND_JOBS),)),
-    ):
-        # At 10 ms the bursts of the rows beside 100 jobs outlast the period: no place in the
-        # cycle is clear of them (see ``_layout``), so the rows alone have a phase of their own.
-        for group in (plain, spinning):
-            for loads in phases:
-                results += _phase(periods, window_s, group, workdir, pooled=POOLED, loads=loads)
+    # Through the module: tests/servers.py (and redis) load here, not in every child.
+    with _common.RedisServer.start(data_dir=workdir / "redis-precision") as server:
+        redis_server = _common.redis_version(server)
+        for periods, window_s, phases in (
+            ((0.01,), fast_s, ((0,), (BACKGROUND_JOBS,))),
+            ((0.1, 0.5), slow_s, ((0, BACKGROUND_JOBS),)),
+        ):
+            # At 10 ms the bursts of the rows beside 100 jobs outlast the period: no place in
+            # the cycle is clear of them (see ``_layout``), so the rows alone have a phase of
+            # their own.
+            for group in (plain, spinning):
+                for loads in phases:
+                    with server.client() as client:
+                        client.flushall()
+                    results += _phase(
+                        periods,
+                        window_s,
+                        group,
+                        workdir,
+                        extra_args=("--redis-url", server.url),
+                        pooled=POOLED,
+                        loads=loads,
+                    )
     return {
         "settings": {
             "body_fraction": BODY_FRACTION,
@@ -628,6 +651,8 @@ def run(quick: bool, workdir: Path) -> Json:
             "spin_s": SPIN_S,
             "window_s": {"10": fast_s, "100": slow_s, "500": slow_s},
             "store": "memory://",
+            "defaults_on_redis": DEFAULTS_ON_REDIS,
+            "redis_server": redis_server,
             "drift_points": DRIFT_POINTS,
             "pooled_processes": {str(round(p * 1000)): n for p, n in POOLED.items()},
             "concurrent_children": {"10": len(plain), "100+500": slow * len(plain)},
