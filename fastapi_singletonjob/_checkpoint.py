@@ -53,7 +53,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeAlias, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, Union
 
 from ._errors import ConfigurationError
 from ._lock_value import MAX_TOKEN
@@ -103,8 +103,7 @@ _ONE_US = timedelta(microseconds=1)
 ITERATION_DIGITS = 18  # HINCRBY's 64 bits; the scripts repair a longer count the same way
 
 
-@dataclass(frozen=True, slots=True)
-class FinishedRun:
+class FinishedRun(NamedTuple):
     """A run to record in its job's checkpoint, fenced by its term (``record_runs``). Its end
     is not in it: the store stamps the record with its own clock when it writes it."""
 

@@ -802,3 +802,18 @@ async def test_the_leaders_renewals_keep_the_record_and_only_the_holders(case: C
         await asyncio.sleep(retention_s / 4)
     assert await case.store.read_checkpoint(JOB) is not None, "renewals kept the record"
     await wait_until(lambda: _absent(case.store), 2.0, "the record expired", poll_s=0.02)
+
+
+async def test_any_error_text_and_node_id_round_trip(case: Case) -> None:
+    """A record's fields go to ``RECORD_RUN`` packed in one string per run (``run_arg``): an
+    error with line breaks, commas and spaces, and a node id with spaces and bars, come back
+    exactly."""
+    node = "web 1 | eu-west,a"
+    token = await new_term(case.store, node)
+    error = "ValueError: first line\nsecond, with a comma\n\n  ünïcödé 1,2 -1"
+
+    written = await record(case.store, token, node, Outcome.FAILED, error)
+
+    assert written is not None
+    assert (written.node_id, written.last_error, written.last_outcome) == (node, error, "failed")
+    assert written.iteration == 0 and written.fencing_token == token

@@ -15,7 +15,6 @@ unknown: the next run reads the store again.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -95,6 +94,11 @@ class Progress:
         """Whether the checkpoint is known for term ``token`` (no read needed)."""
         return self._term == token
 
+    @property
+    def cached(self) -> Checkpoint | None:
+        """The checkpoint as this node knows it (current when ``loaded_for`` the term)."""
+        return self._cached
+
     async def load(self, token: int, timeout_s: float) -> Checkpoint | None:
         """The checkpoint as it stands for term ``token``: read from the store at the first
         run of a term (``ConnectionError`` when the store does not answer in time)."""
@@ -141,17 +145,16 @@ class Progress:
             return
         success = outcome is Outcome.SUCCESS
         if self._term == token and self._state_known:
-            cached = self._cached or Checkpoint(0)
-            self._cached = dataclasses.replace(
-                cached,
-                iteration=cached.iteration + success,
-                last_completed_at=completed_at,
-                last_scheduled_at=scheduled_at,
-                last_outcome=outcome.value,
-                last_error=None if success else shorten_error(error) or None,
-                node_id=self._node_id,
-                fencing_token=token,
-                state=self._state,
+            # Built whole (dataclasses.replace costs several times as much, once per run).
+            self._cached = Checkpoint(
+                (0 if self._cached is None else self._cached.iteration) + success,
+                completed_at,
+                scheduled_at,
+                outcome.value,
+                None if success else shorten_error(error) or None,
+                self._node_id,
+                token,
+                self._state,
             )
         else:  # not known for this term (a reset, a state save that failed): read it again
             self._term = None
@@ -197,8 +200,15 @@ class Progress:
                 and self._term == token
                 and cached is not None
             ):
-                self._cached = dataclasses.replace(
-                    cached, iteration=iteration, last_completed_at=at
+                self._cached = Checkpoint(
+                    iteration,
+                    at,
+                    cached.last_scheduled_at,
+                    cached.last_outcome,
+                    cached.last_error,
+                    cached.node_id,
+                    cached.fencing_token,
+                    cached.state,
                 )
         written(True)
 

@@ -122,7 +122,8 @@ class JobRunner:
         self._unwritten = 0
         """Records of this job's runs the store has not answered yet (``_save_outcome``)."""
         self._all_written: asyncio.Future[None] | None = None
-        """Resolved when ``_unwritten`` falls back to 0 (``written``)."""
+        """Made by ``written`` while records are on their way, resolved when ``_unwritten``
+        falls back to 0."""
         self._failing: tuple[int, float] | None = None
         """(term, since): the runs of that term could not start since that monotonic time,
         as the store's claims or checkpoint calls failed or timed out; None once one did."""
@@ -239,6 +240,9 @@ class JobRunner:
         if self.progress is None:
             self._iteration += 1
             iteration = self._iteration
+        elif self.progress.loaded_for(token):  # within a term: no read, no await
+            checkpoint = self.progress.cached
+            iteration = (checkpoint.iteration if checkpoint is not None else 0) + 1
         else:
             sent_at = self.clock.monotonic()
             try:
@@ -560,8 +564,6 @@ class JobRunner:
             return
         timeout_s = self.time_left() if most_s is None else min(self.time_left(), most_s)
         self._unwritten += 1
-        if self._unwritten == 1:
-            self._all_written = asyncio.get_running_loop().create_future()
         written = functools.partial(self._written, ctx.fencing_token, self.clock.monotonic())
         self.progress.record(
             ctx.fencing_token,
@@ -581,8 +583,10 @@ class JobRunner:
             self._store_failed(token, sent_at, "its checkpoint could not be written")
         if self._unwritten:
             return
-        if self._all_written is not None and not self._all_written.done():
-            self._all_written.set_result(None)
+        if self._all_written is not None:
+            if not self._all_written.done():
+                self._all_written.set_result(None)
+            self._all_written = None
         if self._current is None:
             self._leadership.run_ended(self.spec.name)
 
@@ -594,7 +598,9 @@ class JobRunner:
     async def written(self) -> None:
         """Wait until the store has answered every record of this job's runs (each is bounded
         by its own deadline)."""
-        if self._unwritten and self._all_written is not None:
+        if self._unwritten:
+            if self._all_written is None:
+                self._all_written = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._all_written)
 
     def _record(

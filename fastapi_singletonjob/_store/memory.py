@@ -44,7 +44,7 @@ from .base import (
     ReleaseListener,
 )
 from .membership import MemberRecord, Membership
-from .records import job_names, retention_ms, run_args, token_text
+from .records import job_names, retention_ms, run_arg, shorten_error, token_text
 
 __all__ = ["MemoryLeaseStore"]
 
@@ -361,25 +361,26 @@ class MemoryLeaseStore:
 
     def _record_run(self, run: FinishedRun, now_us: int) -> int | None:
         """``RECORD_RUN`` for one run: its job's iteration after the write, None if fenced."""
-        args, job = run_args(run), run.job
-        record = self._fenced(job, run.token)
+        run_arg(run)  # the checks of the Redis store's encoding
+        record = self._fenced(run.job, run.token)
         if record is None:
             return None
-        success = args[2] == Outcome.SUCCESS.value
+        success = run.outcome is Outcome.SUCCESS
         iteration = int(record["iteration"]) + success
-        record["iteration"] = str(iteration)
+        error = shorten_error(run.error)
         record.update(
-            last_outcome=args[2],
-            last_scheduled_us=args[3],
+            iteration=str(iteration),
+            last_outcome=run.outcome.value,
+            last_scheduled_us=str(to_unix_us(run.scheduled_at)),
             last_completed_us=str(now_us),
             node_id=run.node_id,
-            fencing_token=args[0],
+            fencing_token=token_text(run.token),
         )
-        if success or not args[4]:
+        if success or not error:
             record.pop("last_error", None)
         else:
-            record["last_error"] = args[4]
-        self._keep(job, record, args[5])
+            record["last_error"] = error
+        self._keep(run.job, record, retention_ms(run.retention_s))
         return iteration
 
     async def save_state(

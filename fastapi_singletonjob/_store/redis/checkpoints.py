@@ -23,7 +23,7 @@ from ..._checkpoint import (
     not_a_record,
 )
 from .. import keys as _keys
-from ..records import retention_ms, run_args, token_text
+from ..records import retention_ms, run_arg, token_text
 from . import scripts as _scripts
 from .connect import bounded
 from .topology import Topology, server_time
@@ -48,7 +48,7 @@ class RedisCheckpoints:
         self._reset = client.register_script(
             _scripts.RESET_CHECKPOINT_SHARDED if topology.sharded else _scripts.RESET_CHECKPOINT
         )
-        self._job_keys: dict[str, list[str]] = {}
+        self._job_keys: dict[str, list[bytes]] = {}
 
     async def record_runs(
         self, runs: Sequence[FinishedRun], *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
@@ -61,13 +61,13 @@ class RedisCheckpoints:
             else f"record the runs of {len(jobs)} jobs {jobs[:3]!r}"
             f"{'...' if len(jobs) > 3 else ''} (whether they were is unknown)"
         )
-        keys = [key for job in jobs for key in self._keys(job)]
-        args = [arg for run in runs for arg in run_args(run)]
-        reply: list[Any] = await self._call(what, self._record_run(keys=keys, args=args), timeout_s)
-        at, *iterations = reply
+        keys = [key for job in jobs for key in self._run_keys(job)]
+        args = [run_arg(run) for run in runs]
+        reply: bytes = await self._call(what, self._record_run(keys=keys, args=args), timeout_s)
+        at, *iterations = reply.split(b",")
         return Recorded(
             from_unix_us(int(at)),
-            [None if iteration == -1 else int(iteration) for iteration in iterations],
+            [None if iteration == b"-1" else int(iteration) for iteration in iterations],
         )
 
     async def save_state(
@@ -154,10 +154,13 @@ class RedisCheckpoints:
 
     def _keys(self, job: str) -> list[str]:
         """``KEYS`` of the fenced scripts for ``job``: its lock, its checkpoint."""
+        return [_keys.job_key(self._project, job, kind) for kind in ("lock", "checkpoint")]
+
+    def _run_keys(self, job: str) -> list[bytes]:
+        """``_keys``, encoded once per job: a record's keys cost redis-py no encoding."""
         keys = self._job_keys.get(job)
         if keys is None:
-            keys = [_keys.job_key(self._project, job, kind) for kind in ("lock", "checkpoint")]
-            self._job_keys[job] = keys
+            keys = self._job_keys[job] = [key.encode() for key in self._keys(job)]
         return keys
 
     async def _call(self, what: str, call: Awaitable[Any], timeout_s: float) -> Any:

@@ -375,25 +375,24 @@ end
 """
 
 # Record finished runs in their jobs' checkpoints, each if its caller's term still holds the
-# job's lock: the runs that ended on one node while its previous write was in flight, sent
-# together (one round trip however many jobs share an instant).
+# job's lock: the runs that ended on one node in one turn of its event loop, or while its
+# previous call was in flight, sent together (one round trip however many jobs share an
+# instant; a job may come more than once, its runs in the order they ended).
 #
-# KEYS[2i-1] - lock key of job i        KEYS[2i] - checkpoint key of job i
-# ARGV[6i-5] - fencing token of the caller's term for job i     ARGV[6i-4] - node id of the caller
-# ARGV[6i-3] - outcome: "success", "failed", "timeout" or "cancelled"
-# ARGV[6i-2] - the run's scheduled instant, µs since the epoch
-# ARGV[6i-1] - the error, already shortened, or "" for none
-# ARGV[6i]   - retention of the record, in milliseconds
+# KEYS[2i-1] - lock key of run i's job        KEYS[2i] - checkpoint key of run i's job
+# ARGV[i]    - run i, one string (``_store.records.run_arg``: one value per run keeps the
+#              client's encoding cheap): "<fencing token> <outcome> <scheduled µs> <retention
+#              ms> <node id>", a line break, then the error, already shortened ("" for none);
+#              the outcome is "success", "failed", "timeout" or "cancelled"
 #
-# Returns first the server time of the writes in µs (the records' "last_completed_us"), then one
-# value per job, in order: -1 (nothing written) when the term no longer holds the lock; else the
-# record's "iteration" after the write, as a string (exact up to 2^63 - 1; the caller knows the
-# other fields, which it sent). The reply is that small on purpose: a node may send hundreds of
-# records in one call, and the client's work per reply value is most of a record's cost. A
-# success adds one to "iteration" and clears "last_error"; any other outcome keeps "iteration"
-# (and every run keeps "state"). All fields are strings, so µs times and tokens stay exact.
-# Each write sets the record's expiry to the retention; ELECT is to refresh it while a node
-# leads the job.
+# Returns one string: the server time of the writes in µs (the records' "last_completed_us"),
+# then, comma-separated, one value per run, in order: "-1" (nothing written) when the term no
+# longer holds the lock, else the record's "iteration" after the write (exact up to 2^63 - 1).
+# The caller knows the other fields, which it sent; one small reply keeps the client's parsing
+# cheap. A success adds one to "iteration" and clears "last_error"; any other outcome keeps
+# "iteration" (and every run keeps "state"). All fields are strings, so µs times and tokens
+# stay exact. Each write sets the record's expiry to the retention; ELECT is to refresh it
+# while a node leads the job.
 #
 # "last_completed_us" is the server clock (TIME) when the run is recorded, never the caller's:
 # a new leader measures the time since it on the same clock (``Store.load_checkpoint``), so an
@@ -405,25 +404,26 @@ local t = redis.call('TIME')
 local now_us = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local out = {now_us}
 for i = 1, #KEYS / 2 do
-  local lock, record, a = KEYS[2 * i - 1], KEYS[2 * i], 6 * (i - 1)
-  if fenced(lock, record, ARGV[a + 1]) then
-    local outcome = ARGV[a + 3]
+  local lock, record = KEYS[2 * i - 1], KEYS[2 * i]
+  local token, outcome, scheduled, retention, node, err =
+    string.match(ARGV[i], '^(%d+) (%a+) (%d+) (%d+) ([^\\n]*)\\n(.*)$')
+  if token and fenced(lock, record, token) then
     local success = outcome == 'success'
     redis.call('HINCRBY', record, 'iteration', success and 1 or 0)
-    redis.call('HSET', record, 'last_outcome', outcome, 'last_scheduled_us', ARGV[a + 4],
-      'last_completed_us', now_us, 'node_id', ARGV[a + 2], 'fencing_token', ARGV[a + 1])
-    if success or ARGV[a + 5] == '' then
+    redis.call('HSET', record, 'last_outcome', outcome, 'last_scheduled_us', scheduled,
+      'last_completed_us', now_us, 'node_id', node, 'fencing_token', token)
+    if success or err == '' then
       redis.call('HDEL', record, 'last_error')
     else
-      redis.call('HSET', record, 'last_error', ARGV[a + 5])
+      redis.call('HSET', record, 'last_error', err)
     end
-    redis.call('PEXPIRE', record, ARGV[a + 6])
+    redis.call('PEXPIRE', record, retention)
     out[i + 1] = redis.call('HGET', record, 'iteration')
   else
-    out[i + 1] = -1
+    out[i + 1] = '-1'
   end
 end
-return out
+return table.concat(out, ',')
 """
 )
 
