@@ -1341,10 +1341,12 @@ def _defaults_cost(cpu: Json) -> list[str]:
     return [
         "What the defaults on Redis add to `checkpoint=False` on `memory://`: "
         + "; ".join(figures)
-        + ". With a checkpoint a run counts as ended only once its record is written, so its "
-        "duration holds the wait for that write's reply; a tick that comes while the run has "
-        "not ended is dropped (*overlap*), and one the event loop reaches after a later tick "
-        "was due is dropped as *late*.",
+        + ". A run ends when its body returns, and its checkpoint record goes to Redis after "
+        "it, with the other records of that loop turn in one script call: the run's duration "
+        "is the body's, and the client's CPU the defaults add is the records' encoding, the "
+        "call and its reply. A tick that comes while a run has not ended is dropped "
+        "(*overlap*), and one the event loop reaches after a later tick was due is dropped as "
+        "*late*.",
         "",
     ]
 
@@ -1685,14 +1687,13 @@ def checkpoints_section(results: Json) -> list[str]:
         "replica sends, each a round trip; "
         "*inside Redis* those the scripts run (`RECORD_RUN`: `GET` of the lock for the fence, "
         "`TYPE` and `HGET` to check the record, `HINCRBY`, `HSET`, `HDEL`, `PEXPIRE`, and an "
-        "`HMGET` whose reply is the new record without its state). *Server µs* is the "
+        "`HGET` of the new `iteration`, the reply with the server's time). *Server µs* is the "
         "`EVALSHA` time, the scripts' own commands included. *Client CPU* is the replica "
         "process's CPU time over the window per run (the run's task and timer, the write's "
         "redis-py call and the "
         f"parsing of its reply, by {s.get('redis_parser', 'redis-py')} parser). *Outside the "
-        "body* is the library's duration of a run less the body's: the run's task, and with "
-        "a checkpoint the wait for the record's write, which happens after the job returns and "
-        "before the run counts as ended.",
+        "body* is the library's duration of a run less the body's: the run's task (the "
+        "record is written after the run ends, off its path).",
         "",
     ]
     rows = []
@@ -1757,14 +1758,13 @@ def checkpoints_section(results: Json) -> list[str]:
             "against one election round per heartbeat (3 s by default) for all of a node's "
             "jobs; the run ends "
             f"{num(on['outside_body_ms']['p50'] - off['outside_body_ms']['p50'], 2)} ms later "
-            "at the median: the write's round trip. The next tick's timer does not wait for "
-            "it, but a run counts as ended only once its record is written, so a job whose "
-            "run comes close to its period can lose the next tick (see below).",
+            "at the median than without one: the record is written after the run, so neither "
+            "the run nor the next tick waits for its round trip.",
             "",
         ]
     if large:
         lines += [
-            "`RECORD_RUN` returns the record without its state, so a large state crosses the "
+            "`RECORD_RUN` returns only the new `iteration`, so a large state crosses the "
             "network once, in `save_state`: with a state of "
             f"{num(s['large_state_json_bytes'])} bytes a run moves "
             f"{num(large['bytes_in_per_run'])} bytes to Redis (the `save_state`) and "
