@@ -817,3 +817,33 @@ async def test_any_error_text_and_node_id_round_trip(case: Case) -> None:
     assert written is not None
     assert (written.node_id, written.last_error, written.last_outcome) == (node, error, "failed")
     assert written.iteration == 0 and written.fencing_token == token
+
+
+@pytest.mark.redis
+async def test_redis_reads_at_the_start_of_many_terms_go_together(
+    fresh_redis: RedisServerFactory, unique_project: str
+) -> None:
+    """A node that takes 60 jobs at once reads their records in one or two pipelines (one
+    ``TIME`` each), not 60: no first run waits in the pool's queue past its period."""
+    server = fresh_redis()
+    store = RedisLeaseStore(unique_project, url=server.url)
+    jobs = [f"job-{i}" for i in range(60)]
+    try:
+        replies = await store.elect("n1#nonce", [LeaseRequest(job, TTL_S) for job in jobs])
+        token = replies[3].token
+        assert token is not None
+        await store.record_runs(
+            [FinishedRun(jobs[3], token, "n1", Outcome.SUCCESS, SCHEDULED, None, RETENTION_S)]
+        )
+        with server.client() as client:
+            client.config_resetstat()
+            loaded = await asyncio.gather(*(store.load_checkpoint(job) for job in jobs))
+            calls = _calls(client)
+    finally:
+        await store.aclose()
+
+    assert calls["hgetall"] == len(jobs) and calls["time"] <= 2, calls
+    records = [record for record, _ in loaded]
+    assert records[3] is not None and records[3].iteration == 1
+    assert all(record is None for i, record in enumerate(records) if i != 3)
+    assert len({now for _, now in loaded}) <= 2

@@ -22,9 +22,11 @@ from ..._checkpoint import (
     from_unix_us,
     not_a_record,
 )
+from ..._clock import Clock
 from .. import keys as _keys
 from ..records import retention_ms, run_arg, token_text
 from . import scripts as _scripts
+from .batch import Batcher
 from .connect import bounded
 from .topology import Topology, server_time
 
@@ -37,7 +39,7 @@ class RedisCheckpoints:
     """The checkpoint methods of the Redis store: one call each, on the topology's calls
     client (never the election's), bounded by ``timeout_s``."""
 
-    def __init__(self, topology: Topology, project: str, channel: str) -> None:
+    def __init__(self, topology: Topology, project: str, channel: str, *, clock: Clock) -> None:
         self._topology = topology
         self._project = project
         self._channel = channel
@@ -49,6 +51,9 @@ class RedisCheckpoints:
             _scripts.RESET_CHECKPOINT_SHARDED if topology.sharded else _scripts.RESET_CHECKPOINT
         )
         self._job_keys: dict[str, list[bytes]] = {}
+        self._loads: Batcher[str, tuple[Any, datetime]] = Batcher(
+            self._load_all, clock=clock, unanswered=self._unloaded
+        )
 
     async def record_runs(
         self, runs: Sequence[FinishedRun], *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
@@ -102,13 +107,13 @@ class RedisCheckpoints:
     async def load_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
     ) -> tuple[Checkpoint | None, datetime]:
-        """See ``Store.load_checkpoint``: ``HGETALL`` and ``TIME`` in one pipeline (on a
-        cluster, which takes no ``TIME`` in a pipeline, ``TIME`` follows on the master of the
-        project's slot, whose clock ``RECORD_RUN`` stamped the record with)."""
-        key = _keys.job_key(self._project, job, "checkpoint")
-        raw, now = await self._call(
-            f"read the checkpoint of job {job!r}", self._hgetall_and_time(key), timeout_s
-        )
+        """See ``Store.load_checkpoint``: ``HGETALL`` and ``TIME`` in one pipeline, with the
+        reads of the other jobs whose terms began meanwhile (``Batcher``: a node that takes
+        500 jobs at once reads their records in a round trip or two, not 500, so that no first
+        run waits in the pool's queue past its period). On a cluster, which takes no ``TIME``
+        in a pipeline, ``TIME`` follows on the master of the project's slot, whose clock
+        ``RECORD_RUN`` stamped the records with."""
+        raw, now = await self._loads.submit(job, timeout_s)
         if isinstance(raw, ResponseError):
             if not str(raw).startswith("WRONGTYPE"):
                 raise raw
@@ -117,24 +122,43 @@ class RedisCheckpoints:
         record = checked(job, {key.decode(errors="replace"): value for key, value in raw.items()})
         return record, now
 
-    async def _hgetall_and_time(self, key: str) -> tuple[Any, datetime]:
-        """``key``'s fields (or the ``ResponseError`` its read met) and the server's time."""
+    def _unloaded(self, job: str, timeout_s: float) -> ConnectionError:
+        """The error of a read whose deadline passed (see ``Batcher``)."""
+        return ConnectionError(
+            f"Redis at {self._topology.shown} did not read the checkpoint of job {job!r} "
+            f"within {timeout_s:g}s"
+        )
+
+    async def _load_all(self, jobs: Sequence[str], timeout_s: float) -> list[tuple[Any, datetime]]:
+        """One round trip (two on a cluster) for ``jobs``' records (each, or the
+        ``ResponseError`` its read met) and the server's time."""
+        what = (
+            f"read the checkpoint of job {jobs[0]!r}"
+            if len(jobs) == 1
+            else f"read the checkpoints of {len(jobs)} jobs {list(jobs[:3])!r}"
+            f"{'...' if len(jobs) > 3 else ''}"
+        )
+        keys = [_keys.job_key(self._project, job, "checkpoint") for job in jobs]
+        raws, now = await self._call(what, self._hgetall_and_time(keys), timeout_s)
+        return [(raw, now) for raw in raws]
+
+    async def _hgetall_and_time(self, keys: list[str]) -> tuple[list[Any], datetime]:
+        """Each of ``keys``' fields (or the ``ResponseError`` its read met) and the server's
+        time."""
         client = self._topology.calls
-        if isinstance(client, RedisCluster):
-            try:
-                raw: Any = await client.hgetall(key)
-            except ResponseError as exc:
-                raw = exc
-            time: Any = await server_time(client, key)
-        else:
-            async with client.pipeline(transaction=False) as pipe:
+        async with client.pipeline(transaction=False) as pipe:
+            for key in keys:
                 pipe.hgetall(key)
+            if isinstance(client, RedisCluster):
+                raws: list[Any] = await pipe.execute(raise_on_error=False)
+                time: Any = await server_time(client, keys[0])
+            else:
                 pipe.time()
-                raw, time = await pipe.execute(raise_on_error=False)
-            if isinstance(time, Exception):
-                raise time
+                *raws, time = await pipe.execute(raise_on_error=False)
+        if isinstance(time, Exception):
+            raise time
         seconds, micros = time
-        return raw, _EPOCH + timedelta(seconds=int(seconds), microseconds=int(micros))
+        return raws, _EPOCH + timedelta(seconds=int(seconds), microseconds=int(micros))
 
     async def reset_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
@@ -151,6 +175,10 @@ class RedisCheckpoints:
             f"reset the checkpoint of job {job!r}", self._reset(keys=keys, args=args), timeout_s
         )
         return int(deleted) > 0
+
+    async def aclose(self) -> None:
+        """Fail the reads not answered yet (``ConnectionError``)."""
+        await self._loads.aclose()
 
     def _keys(self, job: str) -> list[str]:
         """``KEYS`` of the fenced scripts for ``job``: its lock, its checkpoint."""

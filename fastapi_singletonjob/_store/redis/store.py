@@ -96,7 +96,7 @@ class RedisStore:
             _scripts.RELEASE_SHARDED if topology.sharded else _scripts.RELEASE
         )
         self._claims = RedisClaims(topology, project, clock=clock)
-        self._checkpoints = RedisCheckpoints(topology, project, self._channel)
+        self._checkpoints = RedisCheckpoints(topology, project, self._channel, clock=clock)
         self._controls = RedisControls(topology, project, self._channel)
         self._subscription = ReleaseSubscription(topology, self._channel, clock=clock)
 
@@ -240,6 +240,7 @@ class RedisStore:
     async def aclose(self) -> None:
         """Close this store's own clients and pools; a user's client stays open."""
         try:
+            await self._checkpoints.aclose()
             await self._claims.aclose()
         finally:
             await self._topology.aclose()
