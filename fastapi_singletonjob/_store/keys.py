@@ -69,7 +69,9 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
+
+from .odd import odd_value
 
 __all__ = [
     "Control",
@@ -77,6 +79,7 @@ __all__ = [
     "ProjectKey",
     "control_field",
     "job_key",
+    "parse_control_field",
     "parse_paused",
     "paused_value",
     "project_key",
@@ -127,16 +130,37 @@ def control_field(control: Control, job: str) -> str:
     return f"{control}:{job}"
 
 
+def parse_control_field(field: str) -> tuple[Control, str] | None:
+    """The control and the job that a field of the ``controls`` key names; None for a field
+    that ``control_field`` did not write (no colon, a control this version does not know)."""
+    control, sep, job = field.partition(":")
+    for known in get_args(Control):
+        if sep and control == known:
+            return known, job
+    return None
+
+
 def paused_value(at: datetime, by: str) -> str:
     """The value of a ``paused:<job>`` control: JSON with ``at`` (when, ISO 8601) and ``by``
     (the node id of the caller). Only its presence pauses the job; the rest is for people."""
     return json.dumps({"at": at.isoformat(), "by": by})
 
 
-def parse_paused(value: str | None) -> datetime | None:
-    """When the ``paused:<job>`` control ``value`` says the job was paused; None without a
-    value, or for one that ``paused_value`` did not write (set by hand, say)."""
-    try:
-        return datetime.fromisoformat(json.loads(value or "")["at"])
-    except (ValueError, TypeError, KeyError):
+def parse_paused(job: str, value: str | None) -> datetime | None:
+    """When the ``paused:<job>`` control ``value`` says ``job`` was paused; None without a
+    value, or for one that ``paused_value`` did not write (set by hand, say: reported once,
+    ``odd``; the job is paused all the same)."""
+    if value is None:
         return None
+    try:
+        at = datetime.fromisoformat(json.loads(value)["at"])
+    except (ValueError, TypeError, KeyError, RecursionError):
+        at = None
+    if at is None or at.tzinfo is None:
+        odd_value(
+            f"the control {control_field('paused', job)!r}",
+            value,
+            "the job is paused (the field's presence pauses it), since when is unknown",
+        )
+        return None
+    return at
