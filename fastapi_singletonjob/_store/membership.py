@@ -19,14 +19,18 @@ from datetime import datetime
 from .._checkpoint import digits
 from .._config.settings import MAX_DURATION_S
 from .._version import __version__
-from .odd import odd_value
+from .odd import deleted, odd_value
 
-__all__ = ["MAX_RECORD_TTL_S", "VERSION", "MemberRecord", "Membership", "jobs_digest"]
+__all__ = ["DROPPED", "MAX_RECORD_TTL_S", "VERSION", "MemberRecord", "Membership", "jobs_digest"]
 
 MAX_RECORD_TTL_S = MAX_DURATION_S
 """The longest a record lives without a renewal: the longest lock expiry the settings accept.
 ``ELECT`` drops an owner whose expiry lies further ahead (no call wrote it), and the cluster
 read leaves it out."""
+
+DROPPED = "#dropped"
+"""The field of the pairs, after the placement hash in an ``ELECT`` reply, that say what the
+call deleted (``_store.redis.scripts``)."""
 
 _JOINED_DIGITS = 15
 """A placement entry's join time: server ms since the epoch, up to 15 digits (year 33658)."""
@@ -132,12 +136,19 @@ class Membership:
 
     def placed(self, server_ms: int, epoch: str, flat: Sequence[str]) -> None:
         """Apply a call's placement part: the server time, the epoch, and the placement
-        hash flat (field, value, ...) when the epoch changed (else empty)."""
+        hash flat (field, value, ...) when the epoch changed (else empty), followed by what
+        the call deleted, as (``DROPPED``, what) pairs, each logged."""
         self.server_ms = server_ms
-        if epoch == self.epoch or not flat:
+        placement = []
+        for name, value in zip(flat[::2], flat[1::2], strict=True):
+            if name == DROPPED:
+                deleted(value)
+            else:
+                placement.append((name, value))
+        if epoch == self.epoch or not placement:
             return
         peers = {}
-        for owner, value in zip(flat[::2], flat[1::2], strict=True):
+        for owner, value in placement:
             if owner.startswith("#"):
                 continue
             entry = _placement_entry(value)

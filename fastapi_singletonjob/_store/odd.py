@@ -6,14 +6,15 @@ round of every job, or the cluster view): the parse helper of each stored value
 (``membership``, ``keys``, ``records``, ``redis.controls``) reads it as absent and reports it
 here, which logs a WARNING once per process for each place and value, however often it is
 read (a view polled every second, an election round every heartbeat). The script that owns the
-key deletes or replaces it (``_store.redis.scripts``).
+key deletes or replaces it (``_store.redis.scripts``); ``ELECT`` tells its caller what it
+deleted, which ``deleted`` logs.
 """
 
 from __future__ import annotations
 
 import logging
 
-__all__ = ["MAX_REMEMBERED", "SHOWN_CHARS", "odd_type", "odd_value"]
+__all__ = ["MAX_REMEMBERED", "SHOWN_CHARS", "deleted", "odd_type", "odd_value"]
 
 logger = logging.getLogger("fastapi_singletonjob.store")
 
@@ -38,6 +39,14 @@ def odd_type(key: str, treated: str) -> None:
     """Report that ``key`` is of another Redis type than the library's (a list where a hash
     belongs), and how the reader treats it (``treated``)."""
     _once(key, "a key of another type", treated)
+
+
+def deleted(what: str) -> None:
+    """``ELECT`` deleted or replaced ``what`` (its own words: the key or entry, and the value it
+    held cut to 40 bytes), which no script of this library writes; each is said once, as it
+    happens once."""
+    shown = what if what.isprintable() else repr(what)[1:-1]
+    logger.warning("the election deleted %s (no node of this library writes that)", shown)
 
 
 def _once(where: str, shown: str, treated: str) -> None:
