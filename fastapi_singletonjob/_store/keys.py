@@ -3,12 +3,17 @@
 All keys of one project share the hash tag ``{project}``, so that one script can touch all of
 them in a single round trip, also on Redis Cluster (they live in one hash slot).
 
+A key may hold what no script writes (``_store.odd``): its readers read that as absent, and
+the script that owns the key deletes or replaces it (``_store.redis.scripts``); a lock value
+of another form, or a lock key of another type, is foreign and stays until it goes.
+
 =============================================  ======  =============================================
 key                                            type    content
 =============================================  ======  =============================================
 ``singletonjob:{<project>}:<job>:lock``        string  ``<fencing token>|<node id>#<nonce>``, with a
                                                        TTL of the job's lock expiry (the lease); any
-                                                       other value is foreign, nobody's to renew
+                                                       other value, or another type, is foreign,
+                                                       nobody's to renew
 ``singletonjob:{<project>}:<job>:fence``       string  the last fencing token granted; no TTL, so
                                                        tokens keep growing across terms
 ``singletonjob:{<project>}:<job>:last``        string  the latest cron/custom instant a leader
@@ -44,8 +49,9 @@ key                                            type    content
                                                        changed or is missing
 ``singletonjob:{<project>}:nodes:expiry``      zset    owner id -> when its record expires, in ms
                                                        of the server clock; each ``ELECT`` pushes
-                                                       it back and drops the records of the owners
-                                                       already past it (from both keys)
+                                                       it back and drops the owners already past
+                                                       it, or more than ``MAX_RECORD_TTL_S`` ahead
+                                                       (from the three membership keys)
 ``singletonjob:{<project>}:nodes:placement``   hash    owner id -> ``<joined>|<jobs digest>``: when
                                                        the owner's record appeared (ms of the
                                                        server clock) and a digest of its job names
