@@ -20,6 +20,7 @@ from typing import Protocol
 from .._clock import Clock
 from .._lock_value import node_of
 from .._store.base import LeaseReply
+from .._store.odd import odd_value
 from .._telemetry import Telemetry
 from .._timing import WATCH_STEP_S, leaderless_s, lease_deadline
 from .lease import Lease, LeaseView
@@ -219,6 +220,12 @@ class Terms:
         # kept, for the leaderless estimate of the term that follows.
         looked = not reply.held and reply.value is None and reply.error is None
         lease.holder, lease.holder_token = node_of(reply.holder), reply.token
+        if reply.value is not None and reply.token is None:
+            odd_value(
+                f"the lock of job {lease.job!r}",
+                reply.value,
+                "foreign: no node takes the job until it is deleted or expires",
+            )
         if not looked or lease.observed_at is None:
             lease.observed_at = sent_at
         if reply.error is not None and reply.error != lease.acquire_error:

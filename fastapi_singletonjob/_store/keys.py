@@ -3,12 +3,17 @@
 All keys of one project share the hash tag ``{project}``, so that one script can touch all of
 them in a single round trip, also on Redis Cluster (they live in one hash slot).
 
+A key may hold what no script writes (``_store.odd``): its readers read that as absent, and
+the script that owns the key deletes or replaces it (``_store.redis.scripts``); a lock value
+of another form, or a lock key of another type, is foreign and stays until it goes.
+
 =============================================  ======  =============================================
 key                                            type    content
 =============================================  ======  =============================================
 ``singletonjob:{<project>}:<job>:lock``        string  ``<fencing token>|<node id>#<nonce>``, with a
                                                        TTL of the job's lock expiry (the lease); any
-                                                       other value is foreign, nobody's to renew
+                                                       other value, or another type, is foreign,
+                                                       nobody's to renew
 ``singletonjob:{<project>}:<job>:fence``       string  the last fencing token granted; no TTL, so
                                                        tokens keep growing across terms
 ``singletonjob:{<project>}:<job>:last``        string  the latest cron/custom instant a leader
@@ -44,8 +49,9 @@ key                                            type    content
                                                        changed or is missing
 ``singletonjob:{<project>}:nodes:expiry``      zset    owner id -> when its record expires, in ms
                                                        of the server clock; each ``ELECT`` pushes
-                                                       it back and drops the records of the owners
-                                                       already past it (from both keys)
+                                                       it back and drops the owners already past
+                                                       it, or more than ``MAX_RECORD_TTL_S`` ahead
+                                                       (from the three membership keys)
 ``singletonjob:{<project>}:nodes:placement``   hash    owner id -> ``<joined>|<jobs digest>``: when
                                                        the owner's record appeared (ms of the
                                                        server clock) and a digest of its job names
@@ -69,7 +75,9 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
+
+from .odd import odd_value
 
 __all__ = [
     "Control",
@@ -77,6 +85,7 @@ __all__ = [
     "ProjectKey",
     "control_field",
     "job_key",
+    "parse_control_field",
     "parse_paused",
     "paused_value",
     "project_key",
@@ -127,16 +136,37 @@ def control_field(control: Control, job: str) -> str:
     return f"{control}:{job}"
 
 
+def parse_control_field(field: str) -> tuple[Control, str] | None:
+    """The control and the job that a field of the ``controls`` key names; None for a field
+    that ``control_field`` did not write (no colon, a control this version does not know)."""
+    control, sep, job = field.partition(":")
+    for known in get_args(Control):
+        if sep and control == known:
+            return known, job
+    return None
+
+
 def paused_value(at: datetime, by: str) -> str:
     """The value of a ``paused:<job>`` control: JSON with ``at`` (when, ISO 8601) and ``by``
     (the node id of the caller). Only its presence pauses the job; the rest is for people."""
     return json.dumps({"at": at.isoformat(), "by": by})
 
 
-def parse_paused(value: str | None) -> datetime | None:
-    """When the ``paused:<job>`` control ``value`` says the job was paused; None without a
-    value, or for one that ``paused_value`` did not write (set by hand, say)."""
-    try:
-        return datetime.fromisoformat(json.loads(value or "")["at"])
-    except (ValueError, TypeError, KeyError):
+def parse_paused(job: str, value: str | None) -> datetime | None:
+    """When the ``paused:<job>`` control ``value`` says ``job`` was paused; None without a
+    value, or for one that ``paused_value`` did not write (set by hand, say: reported once,
+    ``odd``; the job is paused all the same)."""
+    if value is None:
         return None
+    try:
+        at = datetime.fromisoformat(json.loads(value)["at"])
+    except (ValueError, TypeError, KeyError, RecursionError):
+        at = None
+    if at is None or at.tzinfo is None:
+        odd_value(
+            f"the control {control_field('paused', job)!r}",
+            value,
+            "the job is paused (the field's presence pauses it), since when is unknown",
+        )
+        return None
+    return at

@@ -12,18 +12,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from .._checkpoint import digits
+from .._config.settings import MAX_DURATION_S
 from .._version import __version__
+from .odd import deleted, odd_value
 
-__all__ = ["VERSION", "MemberRecord", "Membership", "jobs_digest"]
+__all__ = ["DROPPED", "MAX_RECORD_TTL_S", "VERSION", "MemberRecord", "Membership", "jobs_digest"]
 
-logger = logging.getLogger("fastapi_singletonjob.membership")
+MAX_RECORD_TTL_S = MAX_DURATION_S
+"""The longest a record lives without a renewal: the longest lock expiry the settings accept.
+``ELECT`` drops an owner whose expiry lies further ahead (no call wrote it), and the cluster
+read leaves it out."""
 
+DROPPED = "#dropped"
+"""The field of the pairs, after the placement hash in an ``ELECT`` reply, that say what the
+call deleted (``_store.redis.scripts``)."""
 
 _JOINED_DIGITS = 15
 """A placement entry's join time: server ms since the epoch, up to 15 digits (year 33658)."""
@@ -63,12 +70,14 @@ class MemberRecord:
 
     @classmethod
     def from_json(cls, owner: str, text: str) -> MemberRecord | None:
-        """Parse a stored record; None (logged at DEBUG) for one that is not a record, so
-        that one odd entry never hides the other nodes."""
+        """Parse a stored record; None for one that is not a record as ``to_json`` writes
+        it (bad JSON, JSON of another shape, another owner, a time without its offset, a
+        lifetime that is not 0 to ``MAX_RECORD_TTL_S``), reported once (``odd``), so that one
+        odd entry never hides the other nodes."""
         try:
             data = json.loads(text)
             jobs = data.get("jobs") or {}
-            return cls(
+            record = cls(
                 node_id=str(data["node_id"]),
                 owner=owner,
                 version=str(data.get("version", "")),
@@ -76,9 +85,20 @@ class MemberRecord:
                 jobs={str(name): str(schedule) for name, schedule in jobs.items()},
                 ttl_s=float(data.get("ttl_s", 0.0)),
             )
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            logger.debug("membership record of %r is not a record: %r", owner, exc)
+            if (
+                str(data.get("owner", owner)) != owner
+                or record.started_at.tzinfo is None
+                or not 0 <= record.ttl_s <= MAX_RECORD_TTL_S
+            ):
+                raise ValueError("another owner, no offset, or a lifetime out of range")
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError):
+            odd_value(
+                f"the record of {owner[:100]!r} in nodes",
+                text,
+                "that node is left out of the cluster view",
+            )
             return None
+        return record
 
 
 def jobs_digest(jobs: Iterable[str]) -> str:
@@ -113,30 +133,32 @@ class Membership:
         self.left = False
         """Set when the node leaves (a graceful stop): election calls no longer keep the
         record, so that the others see the leave before this node releases its locks."""
-        self._odd: set[str] = set()
-        """Owners whose placement entry did not parse, already logged."""
 
     def placed(self, server_ms: int, epoch: str, flat: Sequence[str]) -> None:
         """Apply a call's placement part: the server time, the epoch, and the placement
-        hash flat (field, value, ...) when the epoch changed (else empty)."""
+        hash flat (field, value, ...) when the epoch changed (else empty), followed by what
+        the call deleted, as (``DROPPED``, what) pairs, each logged."""
         self.server_ms = server_ms
-        if epoch == self.epoch or not flat:
+        placement = []
+        for name, value in zip(flat[::2], flat[1::2], strict=True):
+            if name == DROPPED:
+                deleted(value)
+            else:
+                placement.append((name, value))
+        if epoch == self.epoch or not placement:
             return
         peers = {}
-        for owner, value in zip(flat[::2], flat[1::2], strict=True):
+        for owner, value in placement:
             if owner.startswith("#"):
                 continue
             entry = _placement_entry(value)
             if entry is not None:
                 peers[owner] = entry
-            elif owner not in self._odd:  # logged once per entry
-                self._odd.add(owner)
-                logger.warning(
-                    "the placement entry of %r holds %r, not one this library writes: it is "
-                    "left out of placement (delete that field of the nodes:placement hash to "
-                    "drop it)",
-                    owner[:100],
-                    value[:40],
+            else:
+                odd_value(
+                    f"the entry {owner[:100]!r} of nodes:placement",
+                    value,
+                    "it is left out of placement",
                 )
         self.epoch, self.peers = epoch, peers
 

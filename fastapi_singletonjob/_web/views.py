@@ -227,7 +227,7 @@ def _cluster_job(data: ClusterData, job: JobData) -> ClusterJob:
         fencing_token=token,
         lease_time_left_s=None if job.ttl_s is None else round(job.ttl_s, 3),
         paused=paused is not None,
-        paused_at=_keys.parse_paused(paused),
+        paused_at=_keys.parse_paused(job.name, paused),
         pending=pending,
         last_instant=None if job.last_us is None else _EPOCH + timedelta(microseconds=job.last_us),
         checkpoint=None if job.checkpoint is None else CheckpointStatus.of(job.checkpoint),

@@ -1,7 +1,12 @@
 """The operators' calls on Redis: the ``CONTROL`` script (pause, trigger, step-down, and the
 wake-up notice it publishes), a node's leaving, and the one read of the whole cluster. The
 election reads the controls and keeps the membership inside its own ``ELECT`` call
-(``_store.redis.store``)."""
+(``_store.redis.store``).
+
+The cluster read never fails for what the keys hold (``_store.odd``): a key of another type
+reads as empty, an expiry that is not a time the record could live to, a record, a control
+field or a last instant that this library does not write as absent, each reported once.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,13 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from ..._checkpoint import checked
 from .. import keys as _keys
 from ..base import DEFAULT_CONTROL_TIMEOUT_S, ClusterData, JobData
-from ..membership import MemberRecord, Membership
+from ..membership import MAX_RECORD_TTL_S, MemberRecord, Membership
+from ..odd import odd_type, odd_value
 from ..records import job_names, last_us
 from . import scripts as _scripts
 from .connect import bounded
@@ -25,6 +33,24 @@ def _text(value: Any) -> str | None:
     if value is None or isinstance(value, Exception):
         return None
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _typed(reply: Any, key: str, treated: str) -> Any:
+    """A pipeline's ``reply`` to a read of ``key``; None, reported, when ``key`` is of another
+    type than the read is for (``WRONGTYPE``)."""
+    if isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE"):
+        odd_type(key, treated)
+        return None
+    return reply
+
+
+def _answered(reply: Any, key: str, empty: Any) -> Any:
+    """``_typed`` for the cluster read's project keys: ``empty`` for a key of another type;
+    any other error raises (the read failed)."""
+    reply = _typed(reply, key, "read as empty (the next election round deletes it)")
+    if isinstance(reply, Exception):
+        raise reply
+    return empty if reply is None else reply
 
 
 class RedisControls:
@@ -71,27 +97,51 @@ class RedisControls:
 
     async def _read_cluster(self, extra: list[str]) -> ClusterData:
         project, client = self._project, self._topology.calls
-        nodes = _keys.project_key(project, "nodes")
+        nodes, expiry, controls_key = (
+            _keys.project_key(project, name) for name in ("nodes", "nodes:expiry", "controls")
+        )
         async with client.pipeline(transaction=False) as pipe:
             if not self._topology.sharded:  # a cluster refuses TIME in a pipeline
                 pipe.time()
             pipe.hgetall(nodes)
-            pipe.zrange(_keys.project_key(project, "nodes:expiry"), 0, -1, withscores=True)
-            pipe.hgetall(_keys.project_key(project, "controls"))
-            replies = await pipe.execute()
+            pipe.zrange(expiry, 0, -1, withscores=True)
+            pipe.hgetall(controls_key)
+            replies = await pipe.execute(raise_on_error=False)
         if self._topology.sharded:
             replies = [await server_time(client, nodes), *replies]
-        (seconds, micros), records, expiries, raw_controls = replies
+        times, records, expiries, raw_controls = replies
+        if isinstance(times, Exception):
+            raise times
+        seconds, micros = times
+        records = _answered(records, nodes, {})
+        expiries = _answered(expiries, expiry, [])
+        raw_controls = _answered(raw_controls, controls_key, {})
         now_ms = seconds * 1000 + micros // 1000
         now = datetime.fromtimestamp(now_ms / 1000, UTC)
+        never_ms = now_ms + MAX_RECORD_TTL_S * 1000
         members = []
         for owner_raw, score in expiries:
             owner = _text(owner_raw) or ""
             text = _text(records.get(owner_raw))
-            record = MemberRecord.from_json(owner, text) if text and score > now_ms else None
+            if score <= now_ms:  # expired: the next election round deletes it
+                continue
+            if score > never_ms:  # no election round wrote it (inf, 1e300)
+                odd_value(
+                    f"the expiry of {owner[:100]!r} in nodes:expiry",
+                    repr(score),
+                    "that node is left out of the cluster view (the next election round "
+                    "deletes it)",
+                )
+                continue
+            record = None if text is None else MemberRecord.from_json(owner, text)
             if record is not None:
                 members.append((record, datetime.fromtimestamp(score / 1000, UTC)))
         controls = {_text(k) or "": _text(v) or "" for k, v in raw_controls.items()}
+        for field in controls:
+            if _keys.parse_control_field(field) is None:
+                odd_value(
+                    "a field of controls", field, "it is ignored (a control of another version?)"
+                )
         names = sorted(job_names(members, controls).union(extra))
         async with client.pipeline(transaction=False) as pipe:
             for name in names:
@@ -104,12 +154,21 @@ class RedisControls:
         data = {}
         for i, name in enumerate(names):
             value, pttl, last, fields = raw[4 * i : 4 * i + 4]
+            lock, last_key, checkpoint = (
+                _keys.job_key(project, name, kind) for kind in ("lock", "last", "checkpoint")
+            )
+            value = _typed(value, lock, "foreign: no node takes the job until it is deleted")
+            last = _text(_typed(last, last_key, "read as none (the next claim replaces it)"))
+            instant = last_us(last)
+            if last and instant is None:
+                odd_value(last_key, last, "read as none (the next claim replaces it)")
+            fields = _typed(fields, checkpoint, "read as none (the next run's record replaces it)")
             stored = fields if isinstance(fields, dict) else None
             data[name] = JobData(
                 name=name,
                 value=_text(value),
                 ttl_s=pttl / 1000 if isinstance(pttl, int) and pttl >= 0 else None,
-                last_us=last_us(_text(last)),
+                last_us=instant,
                 checkpoint=checked(
                     name, {_text(k) or "": v for k, v in stored.items()} if stored else None
                 ),

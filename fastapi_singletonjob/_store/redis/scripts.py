@@ -7,9 +7,21 @@ claims with a lock only while it holds exactly the value of the node's current t
 names it as owner: node id plus a per-instance nonce), never an empty value. ``ELECT`` and
 ``CLAIM`` read the server clock (``TIME``) before they write, which needs script effects
 replication, the default from Redis 5.0 on.
+
+Anything that can write the project's keys may leave a value there that no script writes (an
+operator's ``redis-cli``, another tool, a future version): no script fails on one, since a
+script error fails the call for every job in it. A key of the wrong type or a value of another
+form reads as none; the script that owns the key deletes or replaces it, and says so in the
+server's log (``redis.log``, WARNING); ``ELECT`` also tells its caller, which logs it
+(``_store.membership``). Lock values are the exception: one of another form, or a lock key of
+another type, is *foreign* and stays, as nobody's, until it is deleted or expires (docs/design.md,
+"Foreign values").
 """
 
 from __future__ import annotations
+
+from ..membership import MAX_RECORD_TTL_S
+from ..records import LAST_INSTANT_US
 
 __all__ = [
     "CLAIM",
@@ -24,6 +36,56 @@ __all__ = [
     "RESET_CHECKPOINT_SHARDED",
     "SAVE_STATE",
 ]
+
+# The start of the scripts that may meet a value no script writes: dropped(what, found) logs
+# what the script deleted or replaced (``found`` the value it held, cut to 40 bytes, or nil) in
+# the server's log and in ``notes``, which ELECT returns to its caller as ("#dropped", text)
+# pairs: at most 20 each call, then one "<n> more"; typed(key, kind) deletes ``key`` when it
+# holds another type than ``kind`` ("hash", "zset"), and says whether it did.
+_DROPPED = """
+local notes, unnoted = {}, 0
+local function dropped(what, found)
+  if found then
+    what = what .. ' (it held ' .. string.sub(found, 1, 40) .. ')'
+  end
+  if #notes >= 40 then
+    unnoted = unnoted + 1
+    return
+  end
+  redis.log(redis.LOG_WARNING, 'singletonjob: deleted ' .. what)
+  table.insert(notes, '#dropped')
+  table.insert(notes, what)
+end
+local function typed(key, kind)
+  local found = redis.call('TYPE', key)['ok']
+  if found == kind or found == 'none' then
+    return false
+  end
+  redis.call('DEL', key)
+  dropped(key .. ', a ' .. found .. ' where a ' .. kind .. ' belongs')
+  return true
+end
+"""
+
+# The start of CLAIM and RELEASE: last_claimed(key), the instant a job's "last instant" key
+# records and the token of the term that claimed it ("<instant µs>:<token>", or a bare
+# "<instant µs>" from older versions); -1 and nil for none, and for what no script writes
+# there (a key of another type, another form, an instant past year 9999, as
+# ``records.last_us`` reads it), which the next write replaces.
+_LAST_CLAIMED = f"""
+local function last_claimed(key)
+  local stored = redis.pcall('GET', key)
+  if type(stored) ~= 'string' then
+    return -1, nil
+  end
+  local at, by = string.match(stored, '^(%d+):?(%d*)$')
+  local instant = at and #at <= {len(str(LAST_INSTANT_US))} and tonumber(at)
+  if not instant or instant > {LAST_INSTANT_US} then
+    return -1, nil
+  end
+  return instant, by
+end
+"""
 
 # Acquire or renew the leases of several jobs for one node, keep its membership record, and
 # read the operators' controls of those jobs, in one round trip.
@@ -56,11 +118,13 @@ __all__ = [
 # ARGV[4i+6] - the name of job i (to find its controls)
 #
 # Returns first 1 when the caller's membership record is stored, 0 when ARGV[2] was "" and the
-# record is missing (expired, or Redis lost it): the caller sends it whole on its next call.
+# record is missing (expired, or Redis lost it) or was not the caller's (deleted, see below):
+# the caller sends it whole on its next call.
 # Then, for each job, in order, four values:
 #   1 if the caller holds the lock after the call (acquired or renewed), 0 if not, -1 if
 #   acquiring failed (the error message then comes second, e.g. "OOM ..." under noeviction,
-#   "READONLY ..." on a replica: the caller raises StoreReadOnly for the latter);
+#   "READONLY ..." on a replica: the caller raises StoreReadOnly for the latter; or the lock
+#   key is of another type than string, foreign: nobody takes it until it goes);
 #   the lock's value "<token>|<holder>" after the call (or the error message);
 #   the lock's remaining time to live in milliseconds (-1: no expiry, or an error);
 #   the job's controls as bits: 1 paused; 2 an extra run asked for, 4 a step-down asked
@@ -68,25 +132,86 @@ __all__ = [
 #   (deleted) by this call, and only ever reported to the lock's holder.
 #   The controls hash is read once (HLEN, then HGETALL only when it is not empty).
 # Then the server time in ms and the placement epoch; and, when that epoch is not ARGV[4] and
-# the caller keeps a membership record, the placement hash's fields and values, flat.
+# the caller keeps a membership record, the placement hash's fields and values, flat; then a
+# ("#dropped", what) pair for each value this call deleted or replaced (``_DROPPED``).
 #
 # Only the exact value of the caller's current term is renewed: a lock of the caller's that
 # outlived a term the caller already ended (a lost reply) is left to expire, so that a node
 # which stepped down never keeps its old lock alive. A free lock starts a new term whose token
 # is max(last token + 1, server time in µs); the server-time floor keeps tokens growing when
-# the fence key was lost (restart without persistence, FLUSHALL) as long as the server clock
+# the fence key was lost (restart without persistence, FLUSHALL), or holds no token this script
+# writes (a whole number below 2^53: Lua numbers are doubles), as long as the server clock
 # does not step back. The acquisition writes use pcall: when Redis refuses writes (OOM under
 # noeviction), held locks are still renewed (PEXPIRE is allowed) and only that job reports it;
 # the membership writes use pcall too, so that a full Redis never fails the election. Expired
 # records are deleted a thousand at a time: Lua's unpack() takes at most about 8,000 values, and a
 # fleet that reconnects after an outage may leave more than that expiring together.
-ELECT = """
+#
+# The membership is three entries per owner, which ELECT writes and drops together: its record,
+# its expiry and its placement entry; the expiry says who is a member. What this script meets
+# there that it does not write is deleted: a key of another type (the placement hash's epoch
+# then restarts at the server time in ms, a value no node knows, so that every node reads the
+# placement again); an epoch that is not a count of at most 18 digits (HINCRBY could not raise
+# it), restarted so; the caller's own record when it is not a JSON object naming the caller as
+# its owner, with a node id and a start as strings, jobs as an object and a lifetime of 0 to
+# MAX_RECORD_TTL_S (``MemberRecord.from_json`` also parses the start; one record is checked
+# per call); an owner whose expiry lies further ahead than any record lives (it would never
+# expire), with its three entries; a record whose owner has no expiry (looked for only when
+# there are more records than placement entries); and, when the placement hash is read for the
+# caller, an entry that is not "<joined, up to 15 digits>|<digest>" or whose owner has no
+# expiry (the epoch is raised then, so that every node reads it again). The commands used stay
+# within the ACL rule of docs/redis.md.
+ELECT = (
+    _DROPPED
+    + f"""
 local owner = ARGV[1]
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
+local live = nil
+local function members()
+  if not live then
+    live = {{}}
+    for _, who in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+      live[who] = true
+    end
+  end
+  return live
+end
+local function forget(owners)
+  for first = 1, #owners, 1000 do
+    local last = math.min(first + 999, #owners)
+    redis.call('HDEL', KEYS[1], unpack(owners, first, last))
+    redis.call('HDEL', KEYS[4], unpack(owners, first, last))
+  end
+end
+local function placed(entry)
+  local joined = string.match(entry, '^(%d+)|')
+  return joined ~= nil and #joined <= 15
+end
+local function own_record(text)
+  local ok, record = pcall(cjson.decode, text)
+  if not ok or type(record) ~= 'table' or record.owner ~= owner then
+    return false
+  end
+  local ttl = record.ttl_s or 0
+  return type(record.node_id) == 'string' and type(record.started_at) == 'string'
+    and type(record.jobs or {{}}) == 'table' and type(ttl) == 'number'
+    and ttl >= 0 and ttl <= {MAX_RECORD_TTL_S}
+end
 local member = 1
 if ARGV[3] ~= '' then
+  typed(KEYS[1], 'hash')
+  typed(KEYS[2], 'zset')
+  local restart = typed(KEYS[4], 'hash')
+  local epoch = redis.call('HGET', KEYS[4], '#epoch')
+  if epoch and not (#epoch <= 18 and string.match(epoch, '^%d+$')) then
+    dropped(KEYS[4] .. ' field #epoch, not a count', epoch)
+    restart = true
+  end
+  if restart then
+    redis.pcall('HSET', KEYS[4], '#epoch', now_ms)
+  end
   if ARGV[2] ~= '' then
     redis.pcall('HSET', KEYS[1], owner, ARGV[2])
     local entry = redis.call('HGET', KEYS[4], owner)
@@ -95,43 +220,86 @@ if ARGV[3] ~= '' then
       redis.pcall('HSET', KEYS[4], owner, joined .. '|' .. ARGV[5])
       redis.pcall('HINCRBY', KEYS[4], '#epoch', 1)
     end
-  elseif redis.call('HEXISTS', KEYS[1], owner) == 0 then
-    member = 0
+  else
+    local record = redis.call('HGET', KEYS[1], owner)
+    if record and not own_record(record) then
+      redis.call('HDEL', KEYS[1], owner)
+      dropped('the record of ' .. owner .. ' in ' .. KEYS[1] .. ', not its own', record)
+      record = nil
+    end
+    if not record then
+      member = 0
+    end
   end
   redis.pcall('ZADD', KEYS[2], now_ms + tonumber(ARGV[3]), owner)
   if redis.pcall('HSETNX', KEYS[4], owner, now_ms .. '|' .. ARGV[5]) == 1 then
     redis.pcall('HINCRBY', KEYS[4], '#epoch', 1)
   end
   local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now_ms)
+  local never = '(' .. (now_ms + {round(MAX_RECORD_TTL_S * 1000)})
+  local ahead = redis.call('ZRANGEBYSCORE', KEYS[2], never, '+inf')
+  for _, who in ipairs(ahead) do
+    dropped('the member ' .. who .. ' of ' .. KEYS[2] .. ', which would never expire')
+  end
+  forget(gone)
+  forget(ahead)
   if #gone > 0 then
-    for first = 1, #gone, 1000 do
-      local last = math.min(first + 999, #gone)
-      redis.call('HDEL', KEYS[1], unpack(gone, first, last))
-      redis.call('HDEL', KEYS[4], unpack(gone, first, last))
-    end
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
+  end
+  if #ahead > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], never, '+inf')
+  end
+  if #gone + #ahead > 0 then
     redis.pcall('HINCRBY', KEYS[4], '#epoch', 1)
   end
+  local entries = redis.call('HLEN', KEYS[4]) - redis.call('HEXISTS', KEYS[4], '#epoch')
+  if redis.call('HLEN', KEYS[1]) > entries then
+    local flat = redis.call('HGETALL', KEYS[1])
+    for i = 1, #flat, 2 do
+      if not members()[flat[i]] then
+        redis.call('HDEL', KEYS[1], flat[i])
+        dropped('the record of ' .. flat[i] .. ' in ' .. KEYS[1] .. ', which has no expiry')
+      end
+    end
+  end
 end
+typed(KEYS[3], 'hash')
 local controls = nil
 if redis.call('HLEN', KEYS[3]) > 0 then
-  controls = {}
+  controls = {{}}
   local flat = redis.call('HGETALL', KEYS[3])
   for i = 1, #flat, 2 do
     local kind, job = string.match(flat[i], '^([^:]+):(.*)$')
     if kind then
-      controls[job] = controls[job] or {}
+      controls[job] = controls[job] or {{}}
       controls[job][kind] = true
     end
   end
 end
-local out = {member}
+local function last_token(fence)
+  local stored = redis.pcall('GET', fence)
+  if type(stored) == 'string' and #stored <= 16 and string.match(stored, '^%d+$')
+      and tonumber(stored) < 2 ^ 53 then
+    return tonumber(stored)
+  end
+  if stored then
+    local found = type(stored) == 'string' and stored or nil
+    dropped(fence .. ', not a fencing token (replaced)', found)
+  end
+  return 0
+end
+local out = {{member}}
 for i = 1, (#KEYS - 4) / 3 do
   local lock, fence, checkpoint = KEYS[3 * i + 2], KEYS[3 * i + 3], KEYS[3 * i + 4]
   local ttl, held = ARGV[4 * i + 3], ARGV[4 * i + 4]
   local retention, name = ARGV[4 * i + 5], ARGV[4 * i + 6]
-  local status, value, left = 0, redis.call('GET', lock), nil
-  if not value and ttl == '0' then
+  local status, value, left = 0, redis.pcall('GET', lock), nil
+  if type(value) == 'table' then
+    local kind = redis.call('TYPE', lock)['ok']
+    status, left = -1, -1
+    value = lock .. ' is a ' .. kind .. ', not a lock value: foreign, no node takes the job '
+      .. 'until it is deleted or expires'
+  elseif not value and ttl == '0' then
     value, left = false, -2
   elseif value then
     if held ~= '' and value == held then
@@ -141,8 +309,7 @@ for i = 1, (#KEYS - 4) / 3 do
       left = redis.call('PTTL', lock)
     end
   else
-    local last = tonumber(redis.call('GET', fence)) or 0
-    local token = string.format('%.0f', math.max(last + 1, now_us))
+    local token = string.format('%.0f', math.max(last_token(fence) + 1, now_us))
     value = token .. '|' .. owner
     local written = redis.pcall('SET', lock, value, 'PX', ttl)
     if type(written) == 'table' and written.err then
@@ -180,18 +347,45 @@ for i = 1, (#KEYS - 4) / 3 do
   table.insert(out, flags)
 end
 local epoch = redis.call('HGET', KEYS[4], '#epoch') or '0'
+local placement = {{}}
+if ARGV[3] ~= '' and epoch ~= ARGV[4] then
+  local flat = redis.call('HGETALL', KEYS[4])
+  local odd = 0
+  for i = 1, #flat, 2 do
+    local who, entry = flat[i], flat[i + 1]
+    if who == '#epoch' or (placed(entry) and members()[who]) then
+      table.insert(placement, who)
+      table.insert(placement, entry)
+    else
+      redis.call('HDEL', KEYS[4], who)
+      dropped('the entry of ' .. who .. ' in ' .. KEYS[4], entry)
+      odd = odd + 1
+    end
+  end
+  if odd > 0 then
+    redis.pcall('HINCRBY', KEYS[4], '#epoch', 1)
+    epoch = redis.call('HGET', KEYS[4], '#epoch') or '0'
+  end
+end
 table.insert(out, now_ms)
 table.insert(out, epoch)
-if ARGV[3] ~= '' and epoch ~= ARGV[4] then
-  for _, item in ipairs(redis.call('HGETALL', KEYS[4])) do
-    table.insert(out, item)
-  end
+for _, item in ipairs(placement) do
+  table.insert(out, item)
+end
+if unnoted > 0 then
+  redis.log(redis.LOG_WARNING, 'singletonjob: deleted ' .. unnoted .. ' more')
+  table.insert(notes, '#dropped')
+  table.insert(notes, unnoted .. ' more')
+end
+for _, item in ipairs(notes) do
+  table.insert(out, item)
 end
 if ARGV[6] ~= '' then
   redis.call('PUBLISH', ARGV[6], 'echo')
 end
 return out
 """
+)
 
 # Set or clear one operator's control of a job and wake every node's election at once.
 #
@@ -199,7 +393,12 @@ return out
 # ARGV[1] - the release channel ("control <job>" wakes every node for a round about the job)
 # ARGV[2] - the field (``paused:<job>``, ``trigger:<job>`` or ``step-down:<job>``)
 # ARGV[3] - its value, or "" to delete the field. Returns 1 when the field changed.
-CONTROL = """
+#
+# A controls key of another type than hash holds no control: it is deleted first.
+CONTROL = (
+    _DROPPED
+    + """
+typed(KEYS[1], 'hash')
 local changed
 if ARGV[3] == '' then
   changed = redis.call('HDEL', KEYS[1], ARGV[2])
@@ -209,6 +408,7 @@ end
 redis.call('PUBLISH', ARGV[1], 'control ' .. (string.match(ARGV[2], ':(.*)') or ''))
 return changed
 """
+)
 
 # Reset a job's checkpoint (an operator's action, unfenced) and tell its leader, at once.
 #
@@ -221,15 +421,20 @@ return changed
 # and publishes the notice, so that the holder's next ELECT (brought forward by the notice)
 # reports the reset (bit 8) and the holder forgets the copy of the record it keeps. Without a
 # lock no node keeps a copy worth forgetting: a new term reads the record first. Returns the
-# number of records deleted (0 or 1).
-RESET_CHECKPOINT = """
+# number of records deleted (0 or 1). A controls key of another type than hash is deleted, as
+# CONTROL does.
+RESET_CHECKPOINT = (
+    _DROPPED
+    + """
 local deleted = redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then
+  typed(KEYS[3], 'hash')
   redis.call('HSET', KEYS[3], ARGV[2], '1')
   redis.call('PUBLISH', ARGV[1], 'control ' .. (string.match(ARGV[2], ':(.*)') or ''))
 end
 return deleted
 """
+)
 
 # Release the locks a node holds, record the last instant each ran, and tell the other nodes.
 #
@@ -246,14 +451,18 @@ return deleted
 # With a lock it deletes, it also raises the job's "last instant" to the given one (unless that
 # lies ahead of the server clock): a successor whose wall clock is behind then never runs that
 # instant again, even for schedules that claim only the first instant of a term (sub-second
-# fixed rate). That record is written with pcall: out of memory, the lock is still released.
-RELEASE = """
+# fixed rate). That record is written with pcall: out of memory, the lock is still released. A
+# lock key of another type is nobody's; a "last instant" key that holds no instant
+# (``_LAST_CLAIMED``) is replaced.
+RELEASE = (
+    _LAST_CLAIMED
+    + """
 local released = 0
 local names = {}
 local now_us = nil
 for i = 1, #KEYS / 2 do
   local value, last = ARGV[2 * i + 1], ARGV[2 * i + 2]
-  if value ~= '' and redis.call('GET', KEYS[2 * i - 1]) == value then
+  if value ~= '' and redis.pcall('GET', KEYS[2 * i - 1]) == value then
     redis.call('DEL', KEYS[2 * i - 1])
     released = released + 1
     table.insert(names, string.match(KEYS[2 * i - 1], ':([^:]+):lock$') or '')
@@ -263,7 +472,7 @@ for i = 1, #KEYS / 2 do
         now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
       end
       local instant = tonumber(last)
-      local stored = tonumber(string.match(redis.call('GET', KEYS[2 * i]) or '', '^(%d+)')) or -1
+      local stored = last_claimed(KEYS[2 * i])
       if instant > stored and instant <= now_us + tonumber(ARGV[2]) then
         redis.pcall('SET', KEYS[2 * i], last .. ':' .. string.match(value, '^(%d+)|'))
       end
@@ -275,6 +484,7 @@ if released > 0 then
 end
 return released
 """
+)
 
 
 def _sharded(script: str) -> str:
@@ -308,20 +518,19 @@ CONTROL_SHARDED, ELECT_SHARDED, RELEASE_SHARDED, RESET_CHECKPOINT_SHARDED = map(
 # memory under noeviction) the instant is still judged against the instants recorded before,
 # and runs, rather than silence the job while Redis is full; on a replica (READONLY) the whole
 # call fails. Times in µs since the epoch stay below 2^53, so Lua's doubles hold them exactly.
-CLAIM = """
+# A lock key of another type is nobody's (-1); a "last instant" key that holds no instant
+# (``_LAST_CLAIMED``) is as none, and the claim replaces it.
+CLAIM = (
+    _LAST_CLAIMED
+    + """
 local now_us = nil
 local function claim(lock, last_key, held, instant_text, ahead)
-  if held == '' or redis.call('GET', lock) ~= held then
+  if held == '' or redis.pcall('GET', lock) ~= held then
     return -1
   end
   local instant = tonumber(instant_text)
   local token = string.match(held, '^(%d+)|')
-  local stored = redis.call('GET', last_key)
-  local last, by = -1, nil
-  if stored then
-    local at, who = string.match(stored, '^(%d+):?(%d*)$')
-    last, by = tonumber(at) or -1, who
-  end
+  local last, by = last_claimed(last_key)
   if instant == last and by == token then
     return 1
   end
@@ -347,6 +556,7 @@ for i = 1, #KEYS / 2 do
 end
 return out
 """
+)
 
 # The start of the checkpoint scripts (see ``_checkpoint``): fenced(lock, record, token), the
 # fence and then the record's repair, given a job's lock key, its checkpoint key (a hash) and
@@ -354,13 +564,14 @@ return out
 #
 # Returns false, having written nothing, unless the lock holds a value of that term: its token is
 # read with the pattern CLAIM and RELEASE use, and compared as text, so tokens up to 2^63 - 1
-# stay exact (Lua numbers are doubles). A checkpoint key of another type, or a hash without a
-# whole-number "iteration" (which HINCRBY could not add to), is not a record: it is deleted,
-# and the write starts a new one. ``read_checkpoint`` reports exactly those as no checkpoint.
+# stay exact (Lua numbers are doubles); a lock key of another type is nobody's. A checkpoint
+# key of another type, or a hash without a whole-number "iteration" (which HINCRBY could not
+# add to), is not a record: it is deleted, and the write starts a new one. ``read_checkpoint``
+# reports exactly those as no checkpoint.
 _CHECKPOINT_FENCE = """
 local function fenced(lock, record, token)
-  local value = redis.call('GET', lock)
-  if not value or string.match(value, '^(%d+)|') ~= token then
+  local value = redis.pcall('GET', lock)
+  if type(value) ~= 'string' or string.match(value, '^(%d+)|') ~= token then
     return false
   end
   local kind = redis.call('TYPE', record)['ok']
