@@ -212,7 +212,7 @@ async def test_a_job_is_not_handed_back_to_the_node_that_let_it_go() -> None:
     assert spreader.to_hand_over(leases) == [theirs]
     # ...unless n1 itself let it go (it stops, or died) while still a member: not for a
     # lock expiry, or until the membership changes.
-    spreader.observed(leases, {theirs: "n1"})
+    spreader.observed(leases, {theirs: "n1"}, clock.monotonic())
     assert spreader.to_hand_over(leases) == []
     await clock.advance(0.5)
     assert spreader.to_hand_over(leases) == [theirs]
@@ -226,7 +226,7 @@ async def test_a_node_that_handed_a_job_over_takes_it_back_once_preferred_again(
     spreader.placement.update(nodes("n2", "n3", jobs=jobs), jobs)
     assert spreader.back_in(theirs)  # n1 left and n2 is preferred: no rest
     leases[theirs].token = 1  # n2 leads it again: the move is over
-    spreader.observed(leases, {theirs: "n2"})
+    spreader.observed(leases, {theirs: "n2"}, 0.0)
     assert not spreader.back_in(theirs)
 
 
@@ -310,3 +310,26 @@ def test_every_configuration_balances_within_a_few_rounds_and_then_nothing_moves
         assert balanced_at <= BALANCED_ROUNDS, (ids, jobs, played)
         assert not any(moved for _, moved in played[balanced_at:]), (ids, jobs, played)
     print(f"worst case: balanced after {worst} rounds")
+
+
+async def test_a_lock_preferred_elsewhere_waits_a_heartbeat_from_when_it_was_first_seen_free() -> (
+    None
+):
+    """The preferred node gets a heartbeat to take a free lock, counted from the round that
+    first found it free, not from when this node last saw its holder: a follower that has
+    not asked about a job for a while (it is not its watcher) and finds it free after a
+    release did not take it at once (a leave sent its jobs to whichever survivor asked first,
+    and the survivors handed them on)."""
+    jobs, theirs, _ = six_jobs()
+    spreader, clock = spreader_of("n2", ["n1", "n2", "n3"], jobs)
+    leases = {job: Lease(job, 0.5) for job in jobs}
+    spreader.refresh(leases)
+    lease = leases[theirs]  # n1 is preferred; n2 last saw it held by n3, 2 s ago
+    lease.observed_at = clock.monotonic() - 2.0
+    spreader.observed(leases, {theirs: "n3"}, clock.monotonic())  # now it is free
+    assert not spreader.take(lease)
+    await clock.advance(0.05)
+    assert not spreader.take(lease)
+    spreader.observed(leases, {theirs: None}, clock.monotonic())  # still free
+    await clock.advance(0.05)
+    assert spreader.take(lease)  # a heartbeat (0.1 s) after it was first seen free

@@ -151,7 +151,7 @@ async def test_twelve_jobs_spread_and_a_join_and_a_leave_move_only_what_they_mus
     rebalanced = moved_out - leavers
     assert len(rebalanced) <= 2, (after_join, after_leave)
     preferred = shared_out(["n2", "n3", "n4"])
-    for job in rebalanced:
+    for job in moved_out:
         assert after_leave[job] == preferred[job], (job, after_join, after_leave)
 
     await cluster.stop_all()

@@ -394,7 +394,7 @@ class Elector:
         self._spreader.refresh(self.leases)
         departed = self._spreader.take_departed()
         if self._placing is not None:
-            self._placing.observed(self.leases, holders)
+            self._placing.observed(self.leases, holders, sent_at)
         await self._hand_over()
         if self.failures == 0 and any(
             lease.token is None and lease.wanted and lease.holder in departed

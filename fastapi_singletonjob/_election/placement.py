@@ -11,8 +11,8 @@ pull jobs back and forth; when no node has settled yet (a cold start), every liv
 
 The election uses the answer two ways. A node takes a free lock at once only for a job it is
 preferred for (or one no live node prefers); for the others it leaves the preferred node a
-heartbeat first (unless that node let the lock go itself), so a pushed release goes to the
-right node and replicas started together take their own jobs.
+heartbeat from when it first found the lock free (unless that node let the lock go itself),
+so a pushed release goes to the right node and replicas started together take their own jobs.
 And while the nodes lead two jobs apart or more, a node hands a job between runs to the node
 it is preferred for when that node leads fewer jobs and one of the two is off its share (this
 node above, or that node below), at most ``moves_per_round`` (or half its excess over its fair
@@ -274,6 +274,7 @@ class Spreader:
         "_changed_at",
         "_clock",
         "_departed",
+        "_free_since",
         "_heartbeat_s",
         "_key",
         "_let_go",
@@ -298,6 +299,9 @@ class Spreader:
         self._membership = membership
         self._settle_ms = settle_s * 1000
         self._let_go: dict[str, tuple[str, float]] = {}
+        self._free_since: dict[str, float] = {}
+        """Job -> when the round that first found its lock free was sent (its lock has been
+        free in every round that asked about it since)."""
         """Job -> the node that let its lock go, and until when (monotonic) that counts."""
         self._moved_away: set[str] = set()
         self._waiting: set[str] = set()
@@ -364,28 +368,34 @@ class Spreader:
         before its first round told it who the members are (then, at once where it is the
         preferred node), so that replicas started together do not leave every job to the
         first one to ask. A lock preferred elsewhere is taken once the preferred node had its
-        chance: the lock was free a heartbeat ago already, or that node let it go itself."""
+        chance: a round found the lock free a heartbeat ago already (not: this node last saw
+        its holder a heartbeat ago, which may be long before a release that all nodes see at
+        the same notice), or that node let it go itself."""
         member = self._membership()
         if member is not None and member.server_ms is None:
             return False
         now = self._clock.monotonic()
-        seen_free = (
-            lease.holder is None
-            and lease.observed_at is not None
-            and (
-                now - lease.observed_at >= 0.9 * self._heartbeat_s
-                or self._let_go_by_preferred(lease.job, now)
-            )
+        free_since = self._free_since.get(lease.job)
+        seen_free = lease.holder is None and (
+            (free_since is not None and now - free_since >= 0.9 * self._heartbeat_s)
+            or self._let_go_by_preferred(lease.job, now)
         )
         return self._placement.may_take(lease.job, seen_free)
 
-    def observed(self, leases: Mapping[str, Lease], holders: Mapping[str, str | None]) -> None:
-        """After a round: note each lock whose holder before the round (``holders``, by node
-        id) let it go (released it, or let it lapse). Until the membership changes, or for one lock
-        expiry at most, that job is not handed back to that node, so that it does not bounce
-        back to a node that is stopping or dead but still a member."""
+    def observed(
+        self, leases: Mapping[str, Lease], holders: Mapping[str, str | None], sent_at: float
+    ) -> None:
+        """After a round sent at ``sent_at`` that asked about the jobs of ``holders`` (each
+        with its holder before the round, by node id): note since when each lock is free, and
+        each lock whose holder let it go (released it, or let it lapse). Until the membership
+        changes, or for one lock expiry at most, that job is not handed back to that node, so
+        that it does not bounce back to a node that is stopping or dead but still a member."""
         until = self._clock.monotonic() + self._settle_ms / 1000
         for job, before in holders.items():
+            if leases[job].holder is None and leases[job].token is None:
+                self._free_since.setdefault(job, sent_at)
+            else:
+                self._free_since.pop(job, None)
             if leases[job].token is not None:
                 self._moved_away.discard(job)
             if before not in (None, self._node_id, leases[job].holder):
