@@ -187,6 +187,40 @@ async def test_leads_balance_where_rendezvous_hashing_alone_would_leave_five_six
     assert moves(history[converged_at:] + await run_for(clock, nodes, 3.0)) == 0
 
 
+async def test_a_node_resting_from_a_job_it_handed_over_sees_it_handed_on(
+    cluster: Callable[..., SingletonJobs],
+) -> None:
+    """A node that handed a job over rests from it for a lock expiry and asks about it only
+    to look; a notice that names the job makes it look again, so that its count of each
+    node's jobs follows the job when the node that took it hands it on. (It kept counting
+    the job on the node it handed it to until its rest ended, and its watcher's check or
+    survey came: for a second it saw that node lead one job more than it did, and held back
+    the move the leads needed, 5/3/4 with 12 jobs on 3 nodes.)"""
+    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
+    a, b, c = (cluster(name) for name in ("web-a", "web-b", "web-c"))
+    await a.start()
+    await run_for(clock, [a], 2 * HEARTBEAT_S)
+    await b.start()
+    await c.start()
+    nodes = [a, b, c]
+    job, began = None, clock.monotonic()
+    while job is None:  # the first job a hands over to b
+        assert clock.monotonic() - began < CONVERGE_S, "a handed no job over to b"
+        (snapshot,) = await run_for(clock, nodes, 0.01)
+        job = next((name for name, leader in snapshot.items() if leader == "web-b"), None)
+    await b.step_down(job)  # b hands it on: c takes it, a heartbeat after it is free
+    while leaders(nodes)[job] != "web-c":
+        assert clock.monotonic() - began < CONVERGE_S, f"c never took {job} over"
+        await run_for(clock, nodes, 0.01)
+    taken_at = clock.monotonic()
+    assert a.engine is not None
+    lease = a.engine.elector.leases[job]
+    while lease.holder != "web-c":
+        assert clock.monotonic() - taken_at <= 2 * HEARTBEAT_S, f"a still sees {lease.holder}"
+        await run_for(clock, nodes, 0.01)
+    assert lease.rest_until > clock.monotonic()  # seen while a still rests from the job
+
+
 def shared_out(ids: list[str]) -> dict[str, str]:
     """The node each job is shared out to when the nodes ``ids`` run ``JOBS``."""
     return share_out(JOBS, dict.fromkeys(ids, frozenset(JOBS)))

@@ -426,10 +426,12 @@ class Elector:
 
     def _competes(self, lease: Lease, now: float, resting: bool) -> bool:
         """Whether a follower asks about ``lease`` in this round: while it rests, only to
-        look (never to take) until it sees who took the job over, so that placement counts
-        that node's jobs right; else as ``Interest.asks`` decides."""
+        look (never to take), until it sees who took the job over and whenever a notice
+        names the job (or the survey comes to it), so that placement counts right the jobs
+        of the node that took it and of the next one, should that node hand it on; else as
+        ``Interest.asks`` decides."""
         if resting:
-            return lease.holder is None
+            return lease.holder is None or self._interest.refreshes(lease.job)
         return self._interest.asks(lease, now)
 
     async def _hand_over(self) -> None:
