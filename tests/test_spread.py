@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -15,7 +16,7 @@ import pytest
 from fake_nodes import kill, stop
 
 from fastapi_singletonjob import FixedRate, JobContext, SingletonJobs
-from fastapi_singletonjob._election.placement import rank
+from fastapi_singletonjob._election.placement import rank, share_out
 from fastapi_singletonjob.testing import FakeClock
 
 HEARTBEAT_S = 0.1
@@ -122,7 +123,7 @@ async def cluster(unique_project: str) -> AsyncIterator[Callable[..., SingletonJ
                 await stop(jobs, clock)
 
 
-async def test_twelve_jobs_over_three_nodes_settle_four_plus_or_minus_two(
+async def test_twelve_jobs_over_three_nodes_settle_four_four_four(
     cluster: Callable[..., SingletonJobs],
 ) -> None:
     clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
@@ -133,14 +134,137 @@ async def test_twelve_jobs_over_three_nodes_settle_four_plus_or_minus_two(
     counts = Counter(history[-1].values())
     print(f"after {EXPIRY_S + 1.5:g} s: {dict(counts)}, {moves(history)} moves")
     assert None not in counts
-    assert all(2 <= counts[jobs.node_id] <= 6 for jobs in nodes), counts
+    assert [counts[jobs.node_id] for jobs in nodes] == [4, 4, 4], counts
     # Settled: nothing moves any more.
     assert moves(await run_for(clock, nodes, 2.0)) == 0
 
 
-async def test_a_join_moves_at_most_its_share_and_a_leave_only_the_leavers_jobs(
+def unbalanced_trio() -> list[str]:
+    """Three node ids that rendezvous hashing alone ranks first for 5, 6 and 1 of ``JOBS``
+    (issue 26, item 3: the leads stayed at 5/6/1 for 12 s): ``web-a``, ``web-b`` and the
+    first ``web-c<i>`` that does it."""
+    for i in itertools.count():
+        ids = ["web-a", "web-b", f"web-c{i}"]
+        firsts = Counter(rank(job, ids)[0] for job in JOBS)
+        if [firsts[node] for node in ids] == [5, 6, 1]:
+            return ids
+    raise AssertionError("unreachable")
+
+
+CONVERGE_S = EXPIRY_S + 10 * HEARTBEAT_S
+"""Bound on balancing after the last start: the newcomers settle (a lock expiry), then a few
+heartbeats of moves (at most a handful of jobs are not on their node at that point)."""
+
+
+def balanced(snapshot: Leaders, ids: list[str]) -> bool:
+    """Whether every job has a leader and the nodes ``ids`` lead within one job of each
+    other."""
+    counts = Counter(snapshot.values())
+    return None not in counts and max(counts[n] for n in ids) - min(counts[n] for n in ids) <= 1
+
+
+@pytest.mark.parametrize("last_start_s", [0.0, 0.3, EXPIRY_S + 2 * HEARTBEAT_S])
+async def test_leads_balance_where_rendezvous_hashing_alone_would_leave_five_six_one(
+    cluster: Callable[..., SingletonJobs], last_start_s: float
+) -> None:
+    """Issue 26, item 3: with node ids that rendezvous hashing ranks first for 5, 6 and 1 of
+    the twelve jobs, the leads reach 4/4/4 within ``CONVERGE_S`` of the last start, whether
+    the third node starts with the others, before they settled or after (they stayed at
+    5/6/1 or 6/5/1: a job was handed over only to the node ranked first for it, and only
+    when that node led two jobs fewer, so the third node got one job, never more)."""
+    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
+    ids = unbalanced_trio()
+    nodes = [cluster(name) for name in ids]
+    for jobs in nodes[:2]:
+        await jobs.start()
+    await run_for(clock, nodes, last_start_s)
+    await nodes[2].start()
+    history = await run_for(clock, nodes, CONVERGE_S)
+    every_100_ms = [dict(Counter(snapshot.values())) for snapshot in history[::10]]
+    assert balanced(history[-1], ids), f"leads every 0.1 s: {every_100_ms}"
+    converged_at = next(i for i, snapshot in enumerate(history) if balanced(snapshot, ids))
+    print(f"balanced {(converged_at + 1) * 0.01:.2f} s after the last start")
+    # And it stays so: nothing moves once the leads are balanced.
+    assert moves(history[converged_at:] + await run_for(clock, nodes, 3.0)) == 0
+
+
+async def test_any_node_ids_and_start_gaps_balance_within_the_bound(unique_project: str) -> None:
+    """Liveness: 15 configurations of three nodes, their ids random and the second and third
+    started after a gap (none, up to a heartbeat, or up to two lock expiries): each balances
+    within ``CONVERGE_S`` of the last start and then nothing moves (0.83 s at most measured
+    over 200 configurations)."""
+    rng = random.Random(263)
+    worst = 0.0
+    for case in range(15):
+        clock = FakeClock()
+        ids = [f"web-{rng.getrandbits(24):06x}" for _ in range(3)]
+        gaps = [
+            rng.choice([0.0, rng.uniform(0, HEARTBEAT_S), rng.uniform(0, 2 * EXPIRY_S)])
+            for _ in ids
+        ]
+        nodes = [node(clock, name, f"{unique_project}-{case}") for name in ids]
+        try:
+            for jobs, gap_s in zip(nodes, gaps, strict=True):
+                await run_for(clock, nodes[: nodes.index(jobs)], round(gap_s, 2))
+                await jobs.start()
+            history = await run_for(clock, nodes, CONVERGE_S)
+            history += await run_for(clock, nodes, 1.0)
+        finally:
+            for jobs in nodes:
+                if jobs.engine is not None:
+                    await stop(jobs, clock)
+        at = next((i for i, snapshot in enumerate(history) if balanced(snapshot, ids)), None)
+        assert at is not None and (at + 1) * 0.01 <= CONVERGE_S, (ids, gaps, history[-1])
+        assert moves(history[at:]) == 0, (ids, gaps)
+        worst = max(worst, (at + 1) * 0.01)
+    print(f"balanced {worst:.2f} s after the last start at the latest")
+
+
+async def test_a_node_resting_from_a_job_it_handed_over_sees_it_handed_on(
     cluster: Callable[..., SingletonJobs],
 ) -> None:
+    """A node that handed a job over rests from it for a lock expiry and asks about it only
+    to look; a notice that names the job makes it look again, so that its count of each
+    node's jobs follows the job when the node that took it hands it on. (It kept counting
+    the job on the node it handed it to until its rest ended, and its watcher's check or
+    survey came: for a second it saw that node lead one job more than it did, and held back
+    the move the leads needed, 5/3/4 with 12 jobs on 3 nodes.)"""
+    clock: FakeClock = cluster.clock  # type: ignore[attr-defined]
+    a, b, c = (cluster(name) for name in ("web-a", "web-b", "web-c"))
+    await a.start()
+    await run_for(clock, [a], 2 * HEARTBEAT_S)
+    await b.start()
+    await c.start()
+    nodes = [a, b, c]
+    job, began = None, clock.monotonic()
+    while job is None:  # the first job a hands over to b
+        assert clock.monotonic() - began < CONVERGE_S, "a handed no job over to b"
+        (snapshot,) = await run_for(clock, nodes, 0.01)
+        job = next((name for name, leader in snapshot.items() if leader == "web-b"), None)
+    await b.step_down(job)  # b hands it on: c takes it, a heartbeat after it is free
+    while leaders(nodes)[job] != "web-c":
+        assert clock.monotonic() - began < CONVERGE_S, f"c never took {job} over"
+        await run_for(clock, nodes, 0.01)
+    taken_at = clock.monotonic()
+    assert a.engine is not None
+    lease = a.engine.elector.leases[job]
+    while lease.holder != "web-c":
+        assert clock.monotonic() - taken_at <= 2 * HEARTBEAT_S, f"a still sees {lease.holder}"
+        await run_for(clock, nodes, 0.01)
+    assert lease.rest_until > clock.monotonic()  # seen while a still rests from the job
+
+
+def shared_out(ids: list[str]) -> dict[str, str]:
+    """The node each job is shared out to when the nodes ``ids`` run ``JOBS``."""
+    return share_out(JOBS, dict.fromkeys(ids, frozenset(JOBS)))
+
+
+async def test_a_join_and_a_leave_move_their_share_and_at_most_two_jobs_more(
+    cluster: Callable[..., SingletonJobs],
+) -> None:
+    """A join moves the newcomer's share to it, a leave the leaver's jobs to the others;
+    every node's share changed with it, so a job or two may also move between the others,
+    each to the node it is now shared out to, until the leads are balanced again."""
     clock, nodes, before = await three_settled(cluster)
 
     newcomer = cluster("web-d")
@@ -149,17 +273,26 @@ async def test_a_join_moves_at_most_its_share_and_a_leave_only_the_leavers_jobs(
     history = await run_for(clock, nodes, EXPIRY_S + 2.0)
     after_join = history[-1]
     moved = [job for job in JOBS if before[job] != after_join[job]]
-    print(f"join: {len(moved)} moved, {dict(Counter(after_join.values()))}")
-    assert all(after_join[job] == "web-d" for job in moved), (before, after_join)
-    assert 1 <= len(moved) <= 5  # its share of 12 over 4 nodes is 3
+    print(f"join: {len(moved)} moved, {moves(history)} moves, {dict(Counter(after_join.values()))}")
+    assert sorted(Counter(after_join.values()).values()) == [3, 3, 3, 3], after_join
+    preferred = shared_out([jobs.node_id for jobs in nodes])
+    assert all(after_join[job] == preferred[job] for job in moved), (before, after_join)
+    assert moves(history) <= 3 + 2  # its share of 12 over 4 nodes is 3
 
-    leaver = nodes[0]
+    leaver = nodes.pop(0)
     await stop(leaver, clock)
     history = await run_for(clock, nodes, EXPIRY_S + 2.0)
     after_leave = history[-1]
+    theirs = {job for job in JOBS if after_join[job] == leaver.node_id}
     moved = [job for job in JOBS if after_join[job] != after_leave[job]]
-    assert {job for job in moved} == {job for job in JOBS if after_join[job] == leaver.node_id}
-    assert None not in after_leave.values()
+    print(f"leave: {len(moved)} moved, {dict(Counter(after_leave.values()))}")
+    assert sorted(Counter(after_leave.values()).values()) == [4, 4, 4], after_leave
+    assert theirs <= set(moved)
+    assert len(moved) <= len(theirs) + 2 and moves(history) <= len(theirs) + 2
+    # The leaver's jobs go straight to the nodes they are now shared out to: the others
+    # give those a heartbeat from when they found the locks free.
+    preferred = shared_out([jobs.node_id for jobs in nodes])
+    assert all(after_leave[job] == preferred[job] for job in moved), (after_join, after_leave)
 
 
 async def test_a_killed_nodes_jobs_are_taken_over(cluster: Callable[..., SingletonJobs]) -> None:

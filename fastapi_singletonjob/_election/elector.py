@@ -394,7 +394,7 @@ class Elector:
         self._spreader.refresh(self.leases)
         departed = self._spreader.take_departed()
         if self._placing is not None:
-            self._placing.observed(self.leases, holders)
+            self._placing.observed(self.leases, holders, sent_at)
         await self._hand_over()
         if self.failures == 0 and any(
             lease.token is None and lease.wanted and lease.holder in departed
@@ -426,10 +426,12 @@ class Elector:
 
     def _competes(self, lease: Lease, now: float, resting: bool) -> bool:
         """Whether a follower asks about ``lease`` in this round: while it rests, only to
-        look (never to take) until it sees who took the job over, so that placement counts
-        that node's jobs right; else as ``Interest.asks`` decides."""
+        look (never to take), until it sees who took the job over and whenever a notice
+        names the job (or the survey comes to it), so that placement counts right the jobs
+        of the node that took it and of the next one, should that node hand it on; else as
+        ``Interest.asks`` decides."""
         if resting:
-            return lease.holder is None
+            return lease.holder is None or self._interest.refreshes(lease.job)
         return self._interest.asks(lease, now)
 
     async def _hand_over(self) -> None:

@@ -126,7 +126,7 @@ class Interest:
 
     def asks(self, lease: Lease, now: float) -> bool:
         """Whether the round asks about ``lease``, which this node does not lead."""
-        if self._all or lease.job in self._this_round:
+        if self.refreshes(lease.job):
             return True
         if self._spreader is not None and self._spreader.gone(lease.holder):
             return True  # its holder left: a release without a notice is found at once
@@ -135,6 +135,11 @@ class Interest:
         return self._checking or asks_about(
             lease.holder, lease.observed_at, lease.holder_ttl_s, now, self._heartbeat_s
         )
+
+    def refreshes(self, job: str) -> bool:
+        """Whether the round asks about ``job`` whatever this node knows of its lease: a
+        notice named it, the survey came to it, or the round asks about everything."""
+        return self._all or job in self._this_round
 
     def watches(self, lease: Lease) -> bool:
         """Whether this node watches ``lease``'s lock (see the module's text)."""

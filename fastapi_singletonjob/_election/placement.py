@@ -1,21 +1,26 @@
-"""Placement: which live node should lead each job, so that leadership spreads over the
-replicas (``placement="spread"``) and a join or a leave moves only the jobs it must.
+"""Placement: which live node should lead each job, so that leadership spreads evenly over
+the replicas (``placement="spread"``) and a join or a leave moves few jobs besides its own.
 
-Every node computes the same answer from the same membership: for each job, the nodes that
-registered it are ranked by rendezvous hashing (highest ``hash(job, node)`` first), and the
-first of them leads. Adding a node moves only the jobs it now ranks first for (about 1/N of
-them); removing one moves only its own. A node that has just joined is not preferred until it
-has kept its membership for ``settle_s`` (about one lock expiry), so that a pod in a crash loop
-does not pull jobs back and forth; when no node has settled yet (a cold start), every live
-node counts.
+Every node computes the same answer from the same membership: the jobs are shared out over the
+nodes that run them (``share_out``), each node the same number give or take one, each job to a
+node high in its rendezvous ranking (highest ``hash(job, node)`` first), so that a join or a
+leave changes the preferred node of its own share and of a few jobs more (the shares of all
+nodes change with it). A node that has just joined is not counted until it has kept its
+membership for ``settle_s`` (about one lock expiry), so that a pod in a crash loop does not
+pull jobs back and forth; when no node has settled yet (a cold start), every live node counts.
 
 The election uses the answer two ways. A node takes a free lock at once only for a job it is
 preferred for (or one no live node prefers); for the others it leaves the preferred node a
-heartbeat first (unless that node let the lock go itself), so a pushed release goes to the
-right node and replicas started together take their own jobs. And a node that leads a job
-preferred elsewhere hands it over between runs when the preferred node leads at least two jobs
-fewer, at most ``moves_per_round`` (or half its excess over its fair share) per round, so that
-a join does not empty a node in one heartbeat and a balanced cluster does not move at all.
+heartbeat from when it first found the lock free (unless that node let the lock go itself),
+so a pushed release goes to the right node and replicas started together take their own jobs.
+And while the nodes lead two jobs apart or more, a node hands a job between runs to the node
+it is preferred for when that node leads fewer jobs and one of the two is off its share (this
+node above, or that node below), at most ``moves_per_round`` (or half its excess over its fair
+share) per round: every move takes a job to its place, so the moves end, with the leads within
+one job of each other, and a balanced cluster does not move at all (``Placement.to_hand_over``).
+Hashing alone (each job to the first node of its ranking) is not even: 12 jobs on 3 nodes came
+out 5/6/1 for about one id triple in six, and a hand-over only to that node, when it led two
+jobs fewer, left them so for good (issue 26, item 3).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ __all__ = [
     "Placement",
     "Spreader",
     "rank",
+    "share_out",
 ]
 
 DEFAULT_MOVES_PER_ROUND = 2
@@ -65,10 +71,48 @@ def rank(job: str, node_ids: Iterable[str]) -> list[str]:
     return sorted(node_ids, key=lambda node: (-_weight(job, node), node))
 
 
+def share_out(jobs: Iterable[str], runners: Mapping[str, frozenset[str]]) -> dict[str, str]:
+    """Which node leads each of ``jobs`` that a node of ``runners`` (node id -> the jobs it
+    runs) runs: each node as many as the others, give or take one, each job on a node high in
+    its rendezvous ranking.
+
+    The (job, node) pairs, highest ``hash(job, node)`` first, give each job to the first node
+    of its pairs that still has room: ``len(jobs) // len(nodes)`` jobs each, one more for the
+    first ``len(jobs) % len(nodes)`` nodes to reach that. A node that joins or leaves
+    changes the room of every node, so a few jobs besides its share change hands in the
+    answer too (on average about 1 with 12 jobs and 4 with 200, from 3 nodes to 4); the
+    election moves none of them while the leads are balanced (``Placement.to_hand_over``).
+    When the nodes run different jobs, a job whose every runner is full goes to the first
+    of its ranking."""
+    todo = sorted({job for job in jobs if any(job in run for run in runners.values())})
+    nodes = [node for node, run in runners.items() if any(job in run for job in todo)]
+    if not todo:
+        return {}
+    floor, extra = divmod(len(todo), len(nodes))
+    pairs = sorted(
+        (-_weight(job, node), node, job) for node in nodes for job in todo if job in runners[node]
+    )
+    leaders: dict[str, str] = {}
+    counts: Counter[str] = Counter()
+    for _, node, job in pairs:
+        if job in leaders:
+            continue
+        if counts[node] == floor and extra > 0:
+            extra -= 1  # one of the nodes that lead one more
+        elif counts[node] >= floor:
+            continue
+        leaders[job] = node
+        counts[node] += 1
+    for job in todo:
+        if job not in leaders:  # only with job sets that differ
+            leaders[job] = rank(job, (node for node in nodes if job in runners[node]))[0]
+    return leaders
+
+
 class Placement:
     """One node's view of who should lead what, rebuilt from each membership it reads."""
 
-    __slots__ = ("_fair", "_live", "_moves", "_node_id", "_order")
+    __slots__ = ("_counted", "_fair", "_live", "_moves", "_node_id", "_order", "_shares")
 
     def __init__(self, node_id: str, *, moves_per_round: int = DEFAULT_MOVES_PER_ROUND) -> None:
         if moves_per_round < 1:
@@ -76,9 +120,16 @@ class Placement:
         self._node_id = node_id
         self._moves = moves_per_round
         self._order: dict[str, tuple[str, ...]] = {}
-        """Job -> its first two nodes: the settled ones in rank order, then the others."""
+        """Job -> its first two nodes: the node ``share_out`` gives it to, then the others that
+        may lead it in rank order (the settled ones first)."""
+        self._shares: dict[str, int] = {}
+        """Node id -> how many jobs ``share_out`` gives it, for each node the jobs are shared
+        out over: those that run one of them and have settled (all, when none has)."""
+        self._counted = False
+        """Whether this node is one of those."""
         self._fair = 0
-        """This node's fair share: its jobs over the nodes that may lead them, rounded up."""
+        """This node's fair share: its share when counted, else its jobs over the nodes
+        that may lead them, rounded up."""
         self._live: frozenset[str] = frozenset()
         """The live nodes of the last update."""
 
@@ -88,14 +139,28 @@ class Placement:
         live = list(candidates)
         settled = [candidate for candidate in live if candidate.settled] or live
         later = [candidate for candidate in live if candidate not in settled]
+        jobs = list(jobs)
+        leaders = share_out(jobs, {candidate.node_id: candidate.jobs for candidate in settled})
         self._order = {}
         for job in jobs:
-            order = rank(job, (c.node_id for c in settled if job in c.jobs))[:2]
+            order = [leaders[job]] if job in leaders else []
+            order += [
+                node
+                for node in rank(job, (c.node_id for c in settled if job in c.jobs))[:2]
+                if node not in order
+            ]
             if len(order) < 2:  # only unsettled nodes run it: any live one will do
                 order += rank(job, (c.node_id for c in later if job in c.jobs))[: 2 - len(order)]
             if order:
-                self._order[job] = tuple(order)
-        self._fair = -(-len(self._order) // max(1, len(settled)))
+                self._order[job] = tuple(order[:2])
+        self._shares = {c.node_id: 0 for c in settled if any(job in c.jobs for job in jobs)}
+        self._shares.update(Counter(leaders.values()))
+        self._counted = self._node_id in self._shares
+        self._fair = (
+            self._shares[self._node_id]
+            if self._counted
+            else -(-len(self._order) // max(1, len(settled)))
+        )
         self._live = frozenset(candidate.node_id for candidate in live)
 
     @property
@@ -135,29 +200,69 @@ class Placement:
     def to_hand_over(
         self, led: Iterable[str], idle: Mapping[str, bool], counts: Mapping[str, int]
     ) -> list[str]:
-        """The jobs this node should hand over now: among those it leads and that have no run
-        in flight (``idle[job]``), each whose preferred node leads at least two jobs fewer
-        than this one (``counts``: jobs led per node id, as this node last saw them), at most
-        ``moves_per_round`` or half its excess over its fair share (a node that took every
-        job on a cold start spreads them in a few rounds), in name order. The margin keeps
-        what is balanced in place: a node that leads one job never hands it over, and
-        leadership settles without moves back and forth."""
+        """The jobs this node should hand over now, each to its preferred node, among those
+        it leads that have no run in flight (``idle[job]``); ``counts``: jobs led per node
+        id, as this node last saw them. Nothing moves while the nodes the jobs are shared
+        out over lead within one job of each other. Else a job goes when its preferred node
+        leads fewer jobs than this one and either this node leads more than its share or
+        that node less than its own; at most ``moves_per_round`` or half its excess over its
+        fair share per round (a node that took every job on a cold start spreads them in a
+        few rounds). The jobs of the node furthest below its share go first, then by name.
+
+        So every move takes a job to the node it is shared out to, from a node that leads
+        more than that one: the gap between the most and the fewest jobs led never grows,
+        there are no moves back and forth while the membership stays the same, and the
+        moves end. They end balanced: while two nodes differ by two jobs, a node above its
+        share leads a job preferred by a node that leads fewer, or a node below its share is
+        preferred for a job led by one that leads more. And what is balanced stays in
+        place: one job on three nodes never moves. A node that has not settled has no share
+        (it is not counted): it hands a job over only to a node that leads two fewer, so
+        that the cold start of a few nodes that settle a heartbeat apart does not send jobs
+        to the first one settled and back."""
         counts = dict(counts)
         led = list(led)
         most = max(self._moves, (len(led) - self._fair) // 2)
-        moving: list[str] = []
+        queues: dict[str, list[str]] = {}
         for job in sorted(led):
-            target = self.preferred(job) or self._node_id
-            if target == self._node_id or not idle.get(job, False):
-                continue
-            if counts.get(self._node_id, 0) <= counts.get(target, 0) + 1:
-                continue
-            moving.append(job)
-            counts[self._node_id] = counts.get(self._node_id, 0) - 1
-            counts[target] = counts.get(target, 0) + 1
-            if len(moving) == most:
+            target = self.preferred(job)
+            if target is not None and target != self._node_id and idle.get(job, False):
+                queues.setdefault(target, []).append(job)
+        moving: list[str] = []
+        while len(moving) < most and not self._balanced(counts):
+            mine = counts.get(self._node_id, 0)
+            targets = [
+                target
+                for target, jobs in queues.items()
+                if jobs and self._may_move(mine, counts.get(target, 0), target)
+            ]
+            if not targets:
                 break
+            target = min(targets, key=lambda node: (self._below(node, counts), node))
+            moving.append(queues[target].pop(0))
+            counts[self._node_id] = mine - 1
+            counts[target] = counts.get(target, 0) + 1
         return moving
+
+    def _balanced(self, counts: Mapping[str, int]) -> bool:
+        """Whether the nodes the jobs are shared out over lead within one job of each other
+        (as ``counts`` has it); never for a node that is not one of them."""
+        if not self._counted:
+            return False
+        led = [counts.get(node, 0) for node in self._shares]
+        return max(led) - min(led) <= 1
+
+    def _below(self, node: str, counts: Mapping[str, int]) -> tuple[int, int]:
+        """How far ``node`` leads below its share, and how few it leads: who gets a job
+        first."""
+        led = counts.get(node, 0)
+        return led - self._shares.get(node, 0), led
+
+    def _may_move(self, mine: int, theirs: int, target: str) -> bool:
+        """Whether a job goes from this node, which leads ``mine`` jobs, to its preferred
+        node ``target``, which leads ``theirs``."""
+        if not self._counted:
+            return theirs + 2 <= mine
+        return theirs < mine and (mine > self._fair or theirs < self._shares.get(target, 0))
 
 
 class Spreader:
@@ -169,6 +274,7 @@ class Spreader:
         "_changed_at",
         "_clock",
         "_departed",
+        "_free_since",
         "_heartbeat_s",
         "_key",
         "_let_go",
@@ -193,6 +299,9 @@ class Spreader:
         self._membership = membership
         self._settle_ms = settle_s * 1000
         self._let_go: dict[str, tuple[str, float]] = {}
+        self._free_since: dict[str, float] = {}
+        """Job -> when the round that first found its lock free was sent (its lock has been
+        free in every round that asked about it since)."""
         """Job -> the node that let its lock go, and until when (monotonic) that counts."""
         self._moved_away: set[str] = set()
         self._waiting: set[str] = set()
@@ -259,28 +368,34 @@ class Spreader:
         before its first round told it who the members are (then, at once where it is the
         preferred node), so that replicas started together do not leave every job to the
         first one to ask. A lock preferred elsewhere is taken once the preferred node had its
-        chance: the lock was free a heartbeat ago already, or that node let it go itself."""
+        chance: a round found the lock free a heartbeat ago already (not: this node last saw
+        its holder a heartbeat ago, which may be long before a release that all nodes see at
+        the same notice), or that node let it go itself."""
         member = self._membership()
         if member is not None and member.server_ms is None:
             return False
         now = self._clock.monotonic()
-        seen_free = (
-            lease.holder is None
-            and lease.observed_at is not None
-            and (
-                now - lease.observed_at >= 0.9 * self._heartbeat_s
-                or self._let_go_by_preferred(lease.job, now)
-            )
+        free_since = self._free_since.get(lease.job)
+        seen_free = lease.holder is None and (
+            (free_since is not None and now - free_since >= 0.9 * self._heartbeat_s)
+            or self._let_go_by_preferred(lease.job, now)
         )
         return self._placement.may_take(lease.job, seen_free)
 
-    def observed(self, leases: Mapping[str, Lease], holders: Mapping[str, str | None]) -> None:
-        """After a round: note each lock whose holder before the round (``holders``, by node
-        id) let it go (released it, or let it lapse). Until the membership changes, or for one lock
-        expiry at most, that job is not handed back to that node, so that it does not bounce
-        back to a node that is stopping or dead but still a member."""
+    def observed(
+        self, leases: Mapping[str, Lease], holders: Mapping[str, str | None], sent_at: float
+    ) -> None:
+        """After a round sent at ``sent_at`` that asked about the jobs of ``holders`` (each
+        with its holder before the round, by node id): note since when each lock is free, and
+        each lock whose holder let it go (released it, or let it lapse). Until the membership
+        changes, or for one lock expiry at most, that job is not handed back to that node, so
+        that it does not bounce back to a node that is stopping or dead but still a member."""
         until = self._clock.monotonic() + self._settle_ms / 1000
         for job, before in holders.items():
+            if leases[job].holder is None and leases[job].token is None:
+                self._free_since.setdefault(job, sent_at)
+            else:
+                self._free_since.pop(job, None)
             if leases[job].token is not None:
                 self._moved_away.discard(job)
             if before not in (None, self._node_id, leases[job].holder):
