@@ -6,11 +6,12 @@ Nothing here connects to Redis or sleeps: building a ``SingletonJobs`` only vali
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
 import socket
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
@@ -88,6 +89,23 @@ class NextFireNotCallable:
     """Has a ``next_fire`` attribute, but it is not a method."""
 
     next_fire = "daily"
+
+
+def generator_job(retries: int = 3) -> Iterator[None]:
+    """A ``def`` with ``yield``: calling it only makes a generator, its body never runs."""
+    yield
+
+
+async def async_generator_job() -> AsyncIterator[None]:
+    """An ``async def`` with ``yield``: calling it only makes an async generator."""
+    yield
+
+
+class GeneratorCallable:
+    """A callable object whose ``__call__`` is a generator function."""
+
+    def __call__(self) -> Iterator[None]:
+        yield
 
 
 # -- precedence: explicit argument > SINGLETONJOB_* > default ----------------------------------
@@ -596,6 +614,39 @@ BAD_JOBS = [
         BadJob("func", "x", ("42", "not callable"), lambda j: j.interval("x", 1)(bad(42))),
         id="decorated-not-callable",
     ),
+    # A generator function would never run its body, each run a success (issue 29, item 3).
+    *[
+        pytest.param(
+            BadJob("func", "x", (f"func={shown}", f"is {kind}", "never run", "Depends"), define),
+            id=label,
+        )
+        for label, shown, kind, define in [
+            (
+                "generator-function",
+                "generator_job",
+                "a generator function (a `def` with `yield`)",
+                lambda j: j.interval("x", 1)(generator_job),
+            ),
+            (
+                "async-generator-function",
+                "async_generator_job",
+                "an async generator function (an `async def` with `yield`)",
+                lambda j: j.cron("x", "@daily")(async_generator_job),
+            ),
+            (
+                "generator-through-partial",
+                "functools.partial(<function generator_job",
+                "a generator function",
+                lambda j: j.fixed_rate("x", 1)(functools.partial(generator_job, retries=1)),
+            ),
+            (
+                "generator-callable-object",
+                "<test_config.GeneratorCallable object",
+                "a generator function",
+                lambda j: j.schedule("x", EveryMinute())(GeneratorCallable()),
+            ),
+        ]
+    ],
     pytest.param(
         BadJob(
             "value",

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from .._config.settings import MIN_PERIOD_S, Duration, check_expiry, check_name, to_seconds
 from .._errors import ConfigurationError
 from .._schedule import Cron, FixedRate, Interval, Schedule
-from .dependencies import JobCall
+from .dependencies import JobCall, callable_name
 
 __all__ = [
     "JobOptions",
@@ -62,6 +62,7 @@ class JobSpec:
                 job=self.name,
                 field="func",
             )
+        _refuse_generator(self.name, self.func)
         if self.on_leadership_lost not in ("finish", "cancel"):
             raise ConfigurationError(
                 f"on_leadership_lost={self.on_leadership_lost!r} is not one of 'finish' "
@@ -102,9 +103,33 @@ class JobSpec:
     @property
     def is_async(self) -> bool:
         """Whether the function is a coroutine function (run on the loop, not in a thread)."""
-        return inspect.iscoroutinefunction(self.func) or inspect.iscoroutinefunction(
-            getattr(self.func, "__call__", None)  # noqa: B004 - async callable objects
-        )
+        return any(map(inspect.iscoroutinefunction, _called(self.func)))
+
+
+def _called(func: Callable[..., Any]) -> tuple[object, ...]:
+    """What runs when ``func`` is called: itself, and the ``__call__`` of a callable object.
+    (``inspect`` sees through a ``functools.partial`` by itself.)"""
+    return func, getattr(func, "__call__", None)  # noqa: B004 - callable objects
+
+
+def _refuse_generator(job: str, func: Callable[..., Any]) -> None:
+    """Refuse a generator function: calling it only makes a generator, so its body would
+    never run, and each run would be recorded as a success."""
+    called = _called(func)
+    if any(map(inspect.isasyncgenfunction, called)):
+        kind, fix = "an async generator function (an `async def` with `yield`)", "async def"
+    elif any(map(inspect.isgeneratorfunction, called)):
+        kind, fix = "a generator function (a `def` with `yield`)", "def"
+    else:
+        return
+    raise ConfigurationError(
+        f"func={callable_name(func)} is {kind}: calling it only makes a generator, so its "
+        "body would never run and every run would be recorded as a success; remove the "
+        f"`yield` and write a plain `{fix}` (what a job returns is ignored), and move a "
+        "resource that the run opens and closes into a `yield` dependency: Depends(...)",
+        job=job,
+        field="func",
+    )
 
 
 # -- definitions, validated where the user writes them -------------------------------------
