@@ -760,6 +760,29 @@ def test_short_per_job_lock_expiry_is_logged_with_the_job(
         assert records[0].getMessage().startswith("job 'x': lock_expiry=7s")
 
 
+@pytest.mark.parametrize(
+    ("expression", "warns"),
+    [
+        pytest.param("0 */5 * * * *", True, id="quartz-every-5-minutes"),
+        pytest.param("*/5 * * * * 0", False, id="seconds-last"),
+        pytest.param("0 */5 * * *", False, id="five-fields"),
+    ],
+)
+def test_a_cron_written_seconds_first_is_warned_of_with_the_job(
+    expression: str, warns: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs = build()
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    jobs.cron("report", expression)(noop)
+    records = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(records) == (1 if warns else 0), [r.getMessage() for r in records]
+    if warns:
+        message = records[0].getMessage()
+        assert message.startswith(f"job 'report': expression={expression!r} has 6 fields")
+        assert "write expression='*/5 * * * *'" in message
+    assert list(jobs.jobs) == ["report"]  # a warning, not a refusal
+
+
 # -- item 12 of issue 11: settings that cannot work ----------------------------------------------
 
 

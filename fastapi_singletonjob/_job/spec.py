@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
@@ -10,7 +11,7 @@ from typing import Any, Literal
 
 from .._config.settings import MIN_PERIOD_S, Duration, check_expiry, check_name, to_seconds
 from .._errors import ConfigurationError
-from .._schedule import Cron, FixedRate, Interval, Schedule
+from .._schedule import Cron, FixedRate, Interval, Schedule, quartz_misreading
 from .dependencies import JobCall, callable_name
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "fixed_rate_schedule",
     "interval_schedule",
 ]
+
+logger = logging.getLogger("fastapi_singletonjob")
 
 MIN_MISFIRE_GRACE_S = 0.05
 """A run starts a few milliseconds after its instant (timer resolution, the event loop's
@@ -154,12 +157,17 @@ def fixed_rate_schedule(name: str, every: Duration, offset: Duration) -> FixedRa
 
 
 def cron_schedule(name: str, expression: str, timezone: str) -> Cron:
-    """The schedule of ``jobs.cron(name, expression, timezone=...)``."""
+    """The schedule of ``jobs.cron(name, expression, timezone=...)``; a warning when the
+    expression reads as one written in Quartz's order (seconds first)."""
     try:
-        return Cron(expression, timezone)
+        cron = Cron(expression, timezone)
     except ValueError as exc:
         field = "timezone" if "timezone=" in str(exc) else "expression"
         raise ConfigurationError(str(exc), job=name, field=field) from None
+    misreading = quartz_misreading(expression)
+    if misreading is not None:
+        logger.warning("job %r: %s", name, misreading)
+    return cron
 
 
 def custom_schedule(name: str, schedule: Schedule) -> Schedule:
