@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import math
 import os
@@ -31,7 +32,7 @@ from fastapi_singletonjob import (
     SingletonJobError,
     SingletonJobs,
 )
-from fastapi_singletonjob._config.settings import min_lock_expiry_s
+from fastapi_singletonjob._config.settings import ENV_SETTINGS, Settings, min_lock_expiry_s
 from fastapi_singletonjob._timing import lease_deadline
 
 LOGGER = "fastapi_singletonjob"
@@ -219,6 +220,67 @@ def test_duration_accepts_timedelta_int_and_float(arg: str, value: object, secon
 def test_zero_shutdown_timeout_is_allowed(value: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV + "SHUTDOWN_TIMEOUT", "0")
     assert build(shutdown_timeout=value).settings.shutdown_timeout_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("variable", "nearest"),
+    [
+        pytest.param("LOCKEXPIRY", "SINGLETONJOB_LOCK_EXPIRY", id="missing-underscore"),
+        pytest.param("LOCK_EXPIRY_S", "SINGLETONJOB_LOCK_EXPIRY", id="unit-suffix"),
+        pytest.param("REDIS", "SINGLETONJOB_REDIS_URL", id="truncated"),
+        pytest.param("HEARTBEAT", "SINGLETONJOB_HEARTBEAT_INTERVAL", id="first-word"),
+        pytest.param("TIMEOUT", "SINGLETONJOB_SHUTDOWN_TIMEOUT", id="last-word"),
+        pytest.param("lock_expiry", "SINGLETONJOB_LOCK_EXPIRY", id="lower-case-name"),
+    ],
+)
+def test_an_unknown_variable_is_warned_of_with_the_nearest_setting(
+    variable: str, nearest: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(ENV + variable, "hunter2")  # a value may be a secret: never shown
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    jobs = build()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"ignored, not a setting of fastapi-singletonjob: {ENV}{variable} (did you mean {nearest}?)"
+    ]
+    assert jobs.settings.lock_expiry_s == 10.0  # ignored, as the warning says
+
+
+def test_unknown_variables_are_warned_of_in_one_line_without_their_values(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(ENV + "LOCKEXPIRY", "1")
+    monkeypatch.setenv(ENV + "COLOUR", "hunter2")
+    monkeypatch.setenv("singletonjob_project", "hunter3")
+    monkeypatch.setenv(ENV + "LOCK_EXPIRY", "12")  # known ones are not named
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    assert build().settings.lock_expiry_s == 12.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    named, _, listed = warnings[0].partition("; the variables it reads: ")
+    assert named == (
+        "ignored, not a setting of fastapi-singletonjob: SINGLETONJOB_COLOUR, "
+        "SINGLETONJOB_LOCKEXPIRY (did you mean SINGLETONJOB_LOCK_EXPIRY?), "
+        "singletonjob_project (did you mean SINGLETONJOB_PROJECT?)"
+    )
+    # Nothing is near SINGLETONJOB_COLOUR: the line lists every variable read.
+    assert listed.split(", ") == [ENV + name.upper() for name in ENV_SETTINGS]
+    assert "hunter" not in warnings[0]
+
+
+def test_known_variables_draw_no_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for setting in SETTINGS:
+        monkeypatch.setenv(ENV + setting.arg.upper(), setting.env_value)
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    build(**{setting.arg: None for setting in SETTINGS})
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_env_settings_are_the_settings_of_settings_build() -> None:
+    arguments = set(inspect.signature(Settings.build).parameters) - {"has_client", "env"}
+    assert set(ENV_SETTINGS) == arguments
 
 
 def test_missing_project_says_how_to_set_it() -> None:

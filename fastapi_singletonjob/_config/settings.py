@@ -8,6 +8,7 @@ an error names the field, the bad value and the fix. Durations are accepted as
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import math
 import os
@@ -33,6 +34,19 @@ Duration = timedelta | float | int
 """A duration: a ``timedelta``, or a number of seconds."""
 
 ENV_PREFIX: Final = "SINGLETONJOB_"
+ENV_SETTINGS: Final = (
+    "redis_url",
+    "project",
+    "node_id",
+    "heartbeat_interval",
+    "lock_expiry",
+    "max_backoff",
+    "shutdown_timeout",
+    "precision",
+    "checkpoint_retention",
+    "placement",
+)
+"""The settings that ``Settings.build`` reads from ``SINGLETONJOB_<NAME>`` variables."""
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 MIN_PERIOD_S: Final = 0.001
 
@@ -163,6 +177,29 @@ def _naming_the_variables(
     return error if message == str(error) else ConfigurationError(message, field=field)
 
 
+def _warn_of_unknown_variables(env: Mapping[str, str]) -> None:
+    """One WARNING naming every ``SINGLETONJOB_*`` variable (any case) that is no setting, each
+    with the nearest setting's variable: a misspelt one would be ignored without a word
+    (``SINGLETONJOB_LOCKEXPIRY=1`` leaves the expiry at 10 s). Names only: a value may be a
+    secret."""
+    known = {name.upper(): ENV_PREFIX + name.upper() for name in ENV_SETTINGS}
+    unknown = sorted(
+        variable
+        for variable in env
+        if variable.upper().startswith(ENV_PREFIX) and variable not in known.values()
+    )
+    if not unknown:
+        return
+    nearest = {
+        v: difflib.get_close_matches(v[len(ENV_PREFIX) :].upper(), known, n=1) for v in unknown
+    }
+    named = ", ".join(f"{v} (did you mean {known[n[0]]}?)" if n else v for v, n in nearest.items())
+    listed = (
+        "" if all(nearest.values()) else f"; the variables it reads: {', '.join(known.values())}"
+    )
+    logger.warning("ignored, not a setting of fastapi-singletonjob: %s%s", named, listed)
+
+
 PlacementName = Literal["spread", "first"]
 PLACEMENTS: tuple[PlacementName, ...] = ("spread", "first")
 
@@ -222,6 +259,7 @@ class Settings:
     ) -> Settings:
         """Merge arguments, environment and defaults, and validate the result."""
         env = os.environ if env is None else env
+        _warn_of_unknown_variables(env)
         # Each setting taken from the environment: its variable, and its value as shown.
         read: dict[str, tuple[str, str]] = {}
 
