@@ -279,8 +279,36 @@ def test_known_variables_draw_no_warning(
 
 
 def test_env_settings_are_the_settings_of_settings_build() -> None:
-    arguments = set(inspect.signature(Settings.build).parameters) - {"has_client", "env"}
+    arguments = set(inspect.signature(Settings.build).parameters) - {"has_client", "env", "flags"}
     assert set(ENV_SETTINGS) == arguments
+
+
+@pytest.mark.parametrize("name", ["myapp", "memory", "billing.prod"])
+def test_a_project_name_given_as_the_first_argument_is_told_to_be_project(name: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        SingletonJobs(name)
+    assert caught.value.field == "redis_url"
+    assert str(caught.value) == (
+        f"redis_url={name!r} is not a URL: the first argument of SingletonJobs is the Redis "
+        f"URL; to name the project pass SingletonJobs(project={name!r}), with the Redis as "
+        "redis_url='redis://localhost:6379/0' (the default), or 'memory://' for one process only"
+    )
+
+
+def test_a_first_argument_that_is_no_name_gets_the_url_forms() -> None:
+    with pytest.raises(ConfigurationError, match=r"'localhost:6379' is not supported; use redis:"):
+        SingletonJobs("localhost:6379", project="p")
+
+
+def test_invalid_names_are_told_what_they_name() -> None:
+    with pytest.raises(ConfigurationError) as project:
+        build(project="my app")
+    assert str(project.value).startswith("project='my app' is not a valid project name; use ")
+    assert str(project.value).endswith("e.g. project='myapp'")
+    with pytest.raises(ConfigurationError) as job:
+        build().interval("my job", 1)
+    assert str(job.value).startswith("name='my job' is not a valid job name; use ")
+    assert str(job.value).endswith("e.g. 'price-tick'")
 
 
 def test_missing_project_says_how_to_set_it() -> None:
@@ -1248,7 +1276,7 @@ ENV_ERRORS = [
             {"PROJECT": "my app"},
             "project",
             "project (from SINGLETONJOB_PROJECT='my app'): ",
-            ("project='my app' is not a valid name",),
+            ("project='my app' is not a valid project name",),
             {"project": None},
         ),
         id="project-malformed",

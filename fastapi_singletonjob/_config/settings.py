@@ -18,7 +18,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Final, Literal
+from typing import Final, Literal, TypeGuard
 
 from .._checkpoint import DEFAULT_CHECKPOINT_RETENTION_S
 from .._errors import ConfigurationError
@@ -26,7 +26,7 @@ from .._timing import lease_deadline
 from .redact import check_redis_url, redact_url
 from .sentinel_url import is_sentinel_url, parse_sentinel_url
 
-__all__ = ["Duration", "Settings", "check_name", "to_seconds"]
+__all__ = ["Duration", "Settings", "check_name", "is_name", "to_seconds"]
 
 logger = logging.getLogger("fastapi_singletonjob")
 
@@ -59,12 +59,20 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _NAME_RULE = "1-100 characters: letters, digits, '-', '_' or '.', starting with a letter or digit"
 
 
-def check_name(value: object, *, field: str, job: str | None = None) -> str:
+_NAME_EXAMPLES: Final = {"project": "project='myapp'", "job": "'price-tick'"}
+
+
+def is_name(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a valid project or job name (``check_name``)."""
+    return isinstance(value, str) and _NAME.fullmatch(value) is not None
+
+
+def check_name(value: object, *, field: str, what: Literal["project", "job"]) -> str:
     """Validate a project or job name: it becomes part of Redis keys and URLs."""
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
+    if not is_name(value):
         raise ConfigurationError(
-            f"{field}={value!r} is not a valid name; use {_NAME_RULE}, e.g. 'price-tick'",
-            job=job,
+            f"{field}={value!r} is not a valid {what} name; use {_NAME_RULE}, "
+            f"e.g. {_NAME_EXAMPLES[what]}",
             field=field,
         )
     return value
@@ -200,6 +208,20 @@ def _warn_of_unknown_variables(env: Mapping[str, str]) -> None:
     logger.warning("ignored, not a setting of fastapi-singletonjob: %s%s", named, listed)
 
 
+def _naming_the_flags(
+    error: ConfigurationError, flags: Mapping[str, str], read: Mapping[str, tuple[str, str]]
+) -> ConfigurationError:
+    """``error`` with the caller's flags for the settings it passes (``project='myapp'``
+    becomes ``--project 'myapp'``): the user of a command line writes flags, not keyword
+    arguments. A setting taken from the environment keeps its name (``_naming_the_variables``
+    names its variable)."""
+    message = str(error)
+    for name, flag in flags.items():
+        if name not in read:
+            message = re.sub(rf"\b{name}=", f"{flag} ", message)
+    return error if message == str(error) else ConfigurationError(message, field=error.field)
+
+
 PlacementName = Literal["spread", "first"]
 PLACEMENTS: tuple[PlacementName, ...] = ("spread", "first")
 
@@ -256,8 +278,13 @@ class Settings:
         checkpoint_retention: Duration | None = None,
         placement: str | None = None,
         env: Mapping[str, str] | None = None,
+        flags: Mapping[str, str] | None = None,
     ) -> Settings:
-        """Merge arguments, environment and defaults, and validate the result."""
+        """Merge arguments, environment and defaults, and validate the result.
+
+        :param flags: how the caller's user writes the settings it passes, where that is
+            not as keyword arguments: the CLI's ``{"project": "--project", ...}``; the errors
+            then speak of them."""
         env = os.environ if env is None else env
         _warn_of_unknown_variables(env)
         # Each setting taken from the environment: its variable, and its value as shown.
@@ -292,7 +319,7 @@ class Settings:
                     f"set {ENV_PREFIX}PROJECT",
                     field="project",
                 )
-            check_name(project, field="project")
+            check_name(project, field="project", what="project")
             if node_id is None:
                 node_id = from_env("node_id")
             generated_in = None if node_id is not None else os.getpid()
@@ -336,7 +363,8 @@ class Settings:
             )
             placed = parse_placement(placement if placement is not None else from_env("placement"))
         except ConfigurationError as error:
-            raise _naming_the_variables(error, read) from None
+            named = _naming_the_variables(error, read)
+            raise _naming_the_flags(named, flags or {}, read) from None
         return cls(
             project,
             node_id,

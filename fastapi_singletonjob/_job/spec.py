@@ -208,7 +208,7 @@ class JobOptions:
     ) -> JobOptions:
         """Validate the options of job ``name`` as the user gave them, and its name (the
         others are checked by ``JobSpec``)."""
-        check_name(name, field="name")
+        check_name(name, field="name", what="job")
         timeout_s = None if timeout is None else to_seconds(timeout, field="timeout", job=name)
         expiry_s = None
         if lock_expiry is not None:
