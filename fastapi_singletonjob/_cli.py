@@ -239,7 +239,8 @@ async def _checkpoint(
     if job not in {x.name for x in view.jobs}:
         known = ", ".join(x.name for x in view.jobs) or "none"
         raise JobNotFound(
-            f"no job named {job!r} is registered by a live node or stored; known jobs: {known}",
+            f"no job named {job!r} is registered by a live node or stored in project "
+            f"{project.name!r}; known jobs: {known}",
             field="job",
         )
     async with project.stores() as store:

@@ -16,7 +16,7 @@ import pytest
 from waiting import wait_until
 
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._cli import EXIT_OK, EXIT_USAGE, main, printable, render
+from fastapi_singletonjob._cli import EXIT_NO_JOB, EXIT_OK, EXIT_USAGE, main, printable, render
 from fastapi_singletonjob._web.models import ClusterJob, ClusterNode, ClusterStatus
 
 HOSTILE = (
@@ -198,3 +198,16 @@ def test_a_setting_from_the_environment_keeps_its_variable(
     err = capsys.readouterr().err
     assert err.startswith("singletonjob: project (from SINGLETONJOB_PROJECT='my app'): "), err
     assert "--project 'my app'" not in err  # no flag was given
+
+
+@pytest.mark.parametrize("command", ["pause", "resume", "trigger", "step-down", "checkpoint"])
+def test_an_unknown_job_is_not_said_to_be_registered_here(
+    command: str, no_environment: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--redis-url", "memory://cli-unknown-job", "--project", "p", command, "nosuch"]
+    assert main(argv) == EXIT_NO_JOB
+    err = capsys.readouterr().err
+    assert err == (
+        "singletonjob: no job named 'nosuch' is registered by a live node or stored in project "
+        "'p'; known jobs: none\n"
+    )
