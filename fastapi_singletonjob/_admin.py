@@ -123,9 +123,12 @@ class AdminClient:
             if job not in self._jobs:
                 known = (await store.read_cluster()).jobs
                 if job not in known:
+                    # "here" only where jobs are registered: the CLI registers none.
+                    here = "here, " if self._jobs else ""
                     raise JobNotFound(
-                        f"no job named {job!r} is registered here or by a live node; known "
-                        f"jobs: {', '.join(sorted({*known, *self._jobs})) or 'none'}",
+                        f"no job named {job!r} is registered {here}by a live node or stored in "
+                        f"project {self._project!r}; known jobs: "
+                        f"{', '.join(sorted({*known, *self._jobs})) or 'none'}",
                         field="job",
                     )
             await store.set_control(field, value)

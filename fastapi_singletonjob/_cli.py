@@ -46,6 +46,9 @@ EXIT_NO_JOB = 4
 NODE_ID = "singletonjob-cli"
 """The node id the CLI signs its pauses with."""
 
+FLAGS = {"redis_url": "--redis-url", "project": "--project"}
+"""The settings the CLI takes as flags, which its errors name (not as keyword arguments)."""
+
 _ACTIONS: dict[str, tuple[Callable[[AdminClient, str], Awaitable[None]], str]] = {
     "pause": (AdminClient.pause, "paused"),
     "resume": (AdminClient.resume, "resumed"),
@@ -172,6 +175,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             lock_expiry=None,
             max_backoff=None,
             shutdown_timeout=None,
+            flags=FLAGS,
         )
     except ConfigurationError as exc:
         _say(sys.stderr, f"singletonjob: {exc}")
@@ -235,7 +239,8 @@ async def _checkpoint(
     if job not in {x.name for x in view.jobs}:
         known = ", ".join(x.name for x in view.jobs) or "none"
         raise JobNotFound(
-            f"no job named {job!r} is registered by a live node or stored; known jobs: {known}",
+            f"no job named {job!r} is registered by a live node or stored in project "
+            f"{project.name!r}; known jobs: {known}",
             field="job",
         )
     async with project.stores() as store:

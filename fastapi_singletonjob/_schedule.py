@@ -34,6 +34,7 @@ __all__ = [
     "count_instants",
     "latest_instant",
     "policy_of",
+    "quartz_misreading",
 ]
 
 CLAIM_EVERY_TICK_MIN_PERIOD_S = 1.0
@@ -54,12 +55,21 @@ _DRAWN_FIELD = re.compile(r"(?P<kind>[HhRr])(?:\((?P<range>\d+-\d+)\))?(?P<step>
 """A field croniter draws a value for (its ``hash_expression_re``): ``R`` (random) or ``H``
 (hashed), with an optional ``(a-b)`` range and ``/step``. It matches whole fields only, as
 croniter does: any other use of those letters is not a cron field, and croniter refuses it."""
-_CRON_FIELDS = ("minute", "hour", "day", "month", "weekday", "second")
-_CRON_FIELD_MIN = (0, 0, 1, 1, 0, 0)
+_CRON_FIELDS = ("minute", "hour", "day of month", "month", "day of week", "second")
+_CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7), (0, 59))
+"""The numbers croniter takes in each field (``_CRON_FIELDS``)."""
+_CRON_RANGE_NAMES = ("", "", "", ", or jan-dec", " (0 and 7 are Sunday), or sun-sat", "")
+_CRON_ORDER = "minute hour day-of-month month day-of-week second"
 _CRON_HELP = (
     "(5 fields: minute hour day month weekday, optional 6th field seconds); "
     "see https://crontab.guru"
 )
+_QUARTZ_FIELDS = ("second", "minute", "hour", "day of month", "month", "day of week")
+"""Quartz's and Spring's order: seconds first (and a 7th field, the year, which no 6-field
+expression has)."""
+_QUARTZ_WEEKDAY = re.compile(r"(?<![/#\d])\d+")
+"""A day-of-week number in a Quartz field (not a step after ``/`` nor an nth after ``#``):
+Quartz counts 1-7 from Sunday, cron 0-6."""
 
 
 @runtime_checkable
@@ -258,9 +268,7 @@ class Cron:
         try:
             fields = croniter(expression, _VALIDATION_ANCHOR).expressions
         except CroniterError as exc:
-            raise ValueError(
-                f"expression={expression!r} is not a valid cron expression {_CRON_HELP}"
-            ) from exc
+            raise ValueError(_refusal(expression)) from exc
         if len(fields) not in (5, 6):
             raise ValueError(
                 f"expression={expression!r} has {len(fields)} fields, which is not supported "
@@ -334,7 +342,7 @@ def _require_deterministic(expression: str) -> None:
         # Written out: H(a-b)/s -> a-b/s, H(a-b) -> a, H/s -> first/s, H -> first.
         span, step = drawn["range"], drawn["step"] or ""
         if span is None:
-            value = f"{_CRON_FIELD_MIN[index]}{step}"
+            value = f"{_CRON_RANGES[index][0]}{step}"
         else:
             value = span + step if step else span.partition("-")[0]
         example = " ".join(value if i == index else f for i, f in enumerate(fields))
@@ -352,6 +360,92 @@ def _require_deterministic(expression: str) -> None:
             f"expression={expression!r} has {text!r} in its {name} field, which is {why}; "
             f"write the {name} to run at, e.g. expression={example!r}"
         )
+
+
+def quartz_misreading(expression: str) -> str | None:
+    """What a 6-field expression written in Quartz's order (seconds first) means here, where
+    the seconds come last, and how to write it; None for any other expression.
+
+    The mark of one is a second field (the 6th) of ``*`` under a minute field (the 1st) that is
+    not: here it fires every second of each minute it matches, 60 runs in a row, which is
+    rarely meant (and can be said as ``0-59`` when it is), while in Quartz that 6th field is
+    the day of week. ``"0 */5 * * * *"`` (Quartz: every 5 minutes) fires here every second of
+    minute 0 of every fifth hour."""
+    fields = expression.split()
+    if len(fields) != 6 or fields[5] != "*" or fields[0] == "*":
+        return None
+    here = _named_fields(_CRON_FIELDS[:5], fields[:5])
+    quartz = _named_fields(_QUARTZ_FIELDS, fields)
+    rewritten = _from_quartz(fields)
+    fix = (
+        f"expression={rewritten!r}"
+        if rewritten is not None
+        else f"the same fields with the seconds last ({_CRON_ORDER})"
+    )
+    return (
+        f"expression={expression!r} has 6 fields, and the 6th is the second (croniter's order: "
+        f"{_CRON_ORDER}): it fires every second of each minute with {here}: 60 runs in a row, a "
+        f"second apart. Written for Quartz or Spring (seconds first) it means {quartz}: for "
+        f"that, write {fix}; to fire every second as written, write the second field as 0-59"
+    )
+
+
+def _named_fields(names: tuple[str, ...], fields: list[str]) -> str:
+    """The fields that select something (not ``*`` or ``?``), by name: ``minute='0'``."""
+    pairs = zip(names, fields, strict=True)
+    named = [f"{name}={text!r}" for name, text in pairs if text not in ("*", "?")]
+    return " ".join(named) or "every field '*'"
+
+
+def _from_quartz(fields: list[str]) -> str | None:
+    """The 6 ``fields`` read in Quartz's order, written in croniter's: the second moved last
+    (dropped when it is 0), ``?`` as ``*``, days of the week counted from 0; None when that is
+    not a valid expression either."""
+    second, *rest = ["*" if text == "?" else text for text in fields]
+    rest[4] = _QUARTZ_WEEKDAY.sub(lambda number: str(int(number[0]) - 1), rest[4])
+    written = " ".join(rest if second == "0" else [*rest, second])
+    try:
+        croniter(written, _VALIDATION_ANCHOR)
+    except CroniterError:
+        return None
+    return written
+
+
+def _refusal(expression: str) -> str:
+    """Why croniter refused ``expression``, as precisely as can be told (a value out of its
+    field's range, a step of 0, else the general form), and its form here when it reads as a
+    Quartz expression (seconds first)."""
+    fields = expression.split()
+    reason = _field_problem(fields) or f"is not a valid cron expression {_CRON_HELP}"
+    message = f"expression={expression!r} {reason}"
+    rewritten = _from_quartz(fields) if len(fields) == 6 and fields[0] != "*" else None
+    if rewritten is not None:
+        message += (
+            f"; if it is in Quartz's order (seconds first: "
+            f"{_named_fields(_QUARTZ_FIELDS, fields)}), write expression={rewritten!r}, in "
+            f"croniter's order ({_CRON_ORDER})"
+        )
+    return message
+
+
+def _field_problem(fields: list[str]) -> str | None:
+    """The first value of ``fields`` outside its field's range, or step of 0, said of the
+    field; None when there is neither."""
+    for index, text in enumerate(fields[: len(_CRON_FIELDS)]):
+        name, (low, high) = _CRON_FIELDS[index], _CRON_RANGES[index]
+        if text == "?" and name not in ("day of month", "day of week"):
+            return f"has '?' in its {name} field, which only day of month and day of week take"
+        for item in text.split(","):
+            values, _, step = item.partition("/")
+            if step.isdigit() and int(step) == 0:
+                return f"has a step of 0 in its {name} field ({text!r}); a step is 1 or more"
+            for value in values.split("-"):
+                if value.isdigit() and not low <= int(value) <= high:
+                    return (
+                        f"has {value} in its {name} field ({text!r}), which takes "
+                        f"{low}-{high}{_CRON_RANGE_NAMES[index]}"
+                    )
+    return None
 
 
 def _is_second_of_repeated(moment: datetime, zone: ZoneInfo) -> bool:

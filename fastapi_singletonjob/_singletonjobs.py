@@ -19,7 +19,7 @@ from ._admin import AdminClient, opened_for_the_call, require_registered
 from ._checkpoint import Checkpoint
 from ._clock import SYSTEM_CLOCK, Clock
 from ._config.redact import redact_url
-from ._config.settings import Duration, Settings
+from ._config.settings import Duration, Settings, is_name
 from ._engine.engine import Engine
 from ._engine.snapshot import EngineSnapshot
 from ._errors import ConfigurationError, UsageError
@@ -110,6 +110,16 @@ class SingletonJobs:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
+        if is_name(redis_url):
+            # SingletonJobs("myapp"): a name has no "://", so it is no URL; the first argument
+            # is the URL, the project a keyword.
+            raise ConfigurationError(
+                f"redis_url={redis_url!r} is not a URL: the first argument of SingletonJobs is "
+                f"the Redis URL; to name the project pass SingletonJobs(project={redis_url!r}), "
+                "with the Redis as redis_url='redis://localhost:6379/0' (the default), or "
+                "'memory://' for one process only",
+                field="redis_url",
+            )
         if redis_url is not None and redis is not None:
             raise ConfigurationError(
                 "pass either redis_url= or redis=, not both", field="redis_url"

@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 from datetime import UTC, datetime
 
 import pytest
 from waiting import wait_until
 
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._cli import EXIT_OK, EXIT_USAGE, main, printable, render
+from fastapi_singletonjob._cli import EXIT_NO_JOB, EXIT_OK, EXIT_USAGE, main, printable, render
 from fastapi_singletonjob._web.models import ClusterJob, ClusterNode, ClusterStatus
 
 HOSTILE = (
@@ -140,3 +141,73 @@ async def test_a_stored_error_reaches_the_terminal_escaped(
         assert raw_controls(out.getvalue()) == []
     finally:
         await jobs.stop()
+
+
+# -- a newcomer's mistakes are told in the CLI's own terms (issue 29, item 11) -------------------
+
+
+@pytest.fixture
+def no_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No ``SINGLETONJOB_*`` variable of the developer's or the CI's reaches the CLI."""
+    for name in list(os.environ):
+        if name.upper().startswith("SINGLETONJOB_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        pytest.param(
+            ["status"],
+            "project is required: it namespaces every Redis key, and a shared default would let "
+            "unrelated deployments elect each other; pass --project 'myapp' or set "
+            "SINGLETONJOB_PROJECT",
+            id="no-project",
+        ),
+        pytest.param(
+            ["status", "--project", "my app"],
+            "--project 'my app' is not a valid project name; use 1-100 characters: letters, "
+            "digits, '-', '_' or '.', starting with a letter or digit, e.g. --project 'myapp'",
+            id="bad-project",
+        ),
+        pytest.param(
+            ["--project", "p", "--redis-url", "localhost:6379", "status"],
+            "--redis-url 'localhost:6379' is not supported; use redis://host:port/db",
+            id="bad-redis-url",
+        ),
+    ],
+)
+def test_configuration_errors_speak_of_the_flags(
+    argv: list[str],
+    said: str,
+    no_environment: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(f"singletonjob: {said}"), err
+    assert "project=" not in err and "redis_url=" not in err
+
+
+def test_a_setting_from_the_environment_keeps_its_variable(
+    no_environment: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    no_environment.setenv("SINGLETONJOB_PROJECT", "my app")
+    assert main(["status"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("singletonjob: project (from SINGLETONJOB_PROJECT='my app'): "), err
+    assert "--project 'my app'" not in err  # no flag was given
+
+
+@pytest.mark.parametrize("command", ["pause", "resume", "trigger", "step-down", "checkpoint"])
+def test_an_unknown_job_is_not_said_to_be_registered_here(
+    command: str, no_environment: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--redis-url", "memory://cli-unknown-job", "--project", "p", command, "nosuch"]
+    assert main(argv) == EXIT_NO_JOB
+    err = capsys.readouterr().err
+    assert err == (
+        "singletonjob: no job named 'nosuch' is registered by a live node or stored in project "
+        "'p'; known jobs: none\n"
+    )

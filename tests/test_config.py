@@ -6,11 +6,13 @@ Nothing here connects to Redis or sleeps: building a ``SingletonJobs`` only vali
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import logging
 import math
 import os
 import socket
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
@@ -30,7 +32,7 @@ from fastapi_singletonjob import (
     SingletonJobError,
     SingletonJobs,
 )
-from fastapi_singletonjob._config.settings import min_lock_expiry_s
+from fastapi_singletonjob._config.settings import ENV_SETTINGS, Settings, min_lock_expiry_s
 from fastapi_singletonjob._timing import lease_deadline
 
 LOGGER = "fastapi_singletonjob"
@@ -88,6 +90,23 @@ class NextFireNotCallable:
     """Has a ``next_fire`` attribute, but it is not a method."""
 
     next_fire = "daily"
+
+
+def generator_job(retries: int = 3) -> Iterator[None]:
+    """A ``def`` with ``yield``: calling it only makes a generator, its body never runs."""
+    yield
+
+
+async def async_generator_job() -> AsyncIterator[None]:
+    """An ``async def`` with ``yield``: calling it only makes an async generator."""
+    yield
+
+
+class GeneratorCallable:
+    """A callable object whose ``__call__`` is a generator function."""
+
+    def __call__(self) -> Iterator[None]:
+        yield
 
 
 # -- precedence: explicit argument > SINGLETONJOB_* > default ----------------------------------
@@ -201,6 +220,95 @@ def test_duration_accepts_timedelta_int_and_float(arg: str, value: object, secon
 def test_zero_shutdown_timeout_is_allowed(value: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV + "SHUTDOWN_TIMEOUT", "0")
     assert build(shutdown_timeout=value).settings.shutdown_timeout_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("variable", "nearest"),
+    [
+        pytest.param("LOCKEXPIRY", "SINGLETONJOB_LOCK_EXPIRY", id="missing-underscore"),
+        pytest.param("LOCK_EXPIRY_S", "SINGLETONJOB_LOCK_EXPIRY", id="unit-suffix"),
+        pytest.param("REDIS", "SINGLETONJOB_REDIS_URL", id="truncated"),
+        pytest.param("HEARTBEAT", "SINGLETONJOB_HEARTBEAT_INTERVAL", id="first-word"),
+        pytest.param("TIMEOUT", "SINGLETONJOB_SHUTDOWN_TIMEOUT", id="last-word"),
+        pytest.param("lock_expiry", "SINGLETONJOB_LOCK_EXPIRY", id="lower-case-name"),
+    ],
+)
+def test_an_unknown_variable_is_warned_of_with_the_nearest_setting(
+    variable: str, nearest: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(ENV + variable, "hunter2")  # a value may be a secret: never shown
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    jobs = build()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"ignored, not a setting of fastapi-singletonjob: {ENV}{variable} (did you mean {nearest}?)"
+    ]
+    assert jobs.settings.lock_expiry_s == 10.0  # ignored, as the warning says
+
+
+def test_unknown_variables_are_warned_of_in_one_line_without_their_values(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(ENV + "LOCKEXPIRY", "1")
+    monkeypatch.setenv(ENV + "COLOUR", "hunter2")
+    monkeypatch.setenv("singletonjob_project", "hunter3")
+    monkeypatch.setenv(ENV + "LOCK_EXPIRY", "12")  # known ones are not named
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    assert build().settings.lock_expiry_s == 12.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    named, _, listed = warnings[0].partition("; the variables it reads: ")
+    assert named == (
+        "ignored, not a setting of fastapi-singletonjob: SINGLETONJOB_COLOUR, "
+        "SINGLETONJOB_LOCKEXPIRY (did you mean SINGLETONJOB_LOCK_EXPIRY?), "
+        "singletonjob_project (did you mean SINGLETONJOB_PROJECT?)"
+    )
+    # Nothing is near SINGLETONJOB_COLOUR: the line lists every variable read.
+    assert listed.split(", ") == [ENV + name.upper() for name in ENV_SETTINGS]
+    assert "hunter" not in warnings[0]
+
+
+def test_known_variables_draw_no_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for setting in SETTINGS:
+        monkeypatch.setenv(ENV + setting.arg.upper(), setting.env_value)
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    build(**{setting.arg: None for setting in SETTINGS})
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_env_settings_are_the_settings_of_settings_build() -> None:
+    arguments = set(inspect.signature(Settings.build).parameters) - {"has_client", "env", "flags"}
+    assert set(ENV_SETTINGS) == arguments
+
+
+@pytest.mark.parametrize("name", ["myapp", "memory", "billing.prod"])
+def test_a_project_name_given_as_the_first_argument_is_told_to_be_project(name: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        SingletonJobs(name)
+    assert caught.value.field == "redis_url"
+    assert str(caught.value) == (
+        f"redis_url={name!r} is not a URL: the first argument of SingletonJobs is the Redis "
+        f"URL; to name the project pass SingletonJobs(project={name!r}), with the Redis as "
+        "redis_url='redis://localhost:6379/0' (the default), or 'memory://' for one process only"
+    )
+
+
+def test_a_first_argument_that_is_no_name_gets_the_url_forms() -> None:
+    with pytest.raises(ConfigurationError, match=r"'localhost:6379' is not supported; use redis:"):
+        SingletonJobs("localhost:6379", project="p")
+
+
+def test_invalid_names_are_told_what_they_name() -> None:
+    with pytest.raises(ConfigurationError) as project:
+        build(project="my app")
+    assert str(project.value).startswith("project='my app' is not a valid project name; use ")
+    assert str(project.value).endswith("e.g. project='myapp'")
+    with pytest.raises(ConfigurationError) as job:
+        build().interval("my job", 1)
+    assert str(job.value).startswith("name='my job' is not a valid job name; use ")
+    assert str(job.value).endswith("e.g. 'price-tick'")
 
 
 def test_missing_project_says_how_to_set_it() -> None:
@@ -596,6 +704,39 @@ BAD_JOBS = [
         BadJob("func", "x", ("42", "not callable"), lambda j: j.interval("x", 1)(bad(42))),
         id="decorated-not-callable",
     ),
+    # A generator function would never run its body, each run a success (issue 29, item 3).
+    *[
+        pytest.param(
+            BadJob("func", "x", (f"func={shown}", f"is {kind}", "never run", "Depends"), define),
+            id=label,
+        )
+        for label, shown, kind, define in [
+            (
+                "generator-function",
+                "generator_job",
+                "a generator function (a `def` with `yield`)",
+                lambda j: j.interval("x", 1)(generator_job),
+            ),
+            (
+                "async-generator-function",
+                "async_generator_job",
+                "an async generator function (an `async def` with `yield`)",
+                lambda j: j.cron("x", "@daily")(async_generator_job),
+            ),
+            (
+                "generator-through-partial",
+                "functools.partial(<function generator_job",
+                "a generator function",
+                lambda j: j.fixed_rate("x", 1)(functools.partial(generator_job, retries=1)),
+            ),
+            (
+                "generator-callable-object",
+                "<test_config.GeneratorCallable object",
+                "a generator function",
+                lambda j: j.schedule("x", EveryMinute())(GeneratorCallable()),
+            ),
+        ]
+    ],
     pytest.param(
         BadJob(
             "value",
@@ -707,6 +848,29 @@ def test_short_per_job_lock_expiry_is_logged_with_the_job(
     assert len(records) == (1 if warns else 0)
     if warns:
         assert records[0].getMessage().startswith("job 'x': lock_expiry=7s")
+
+
+@pytest.mark.parametrize(
+    ("expression", "warns"),
+    [
+        pytest.param("0 */5 * * * *", True, id="quartz-every-5-minutes"),
+        pytest.param("*/5 * * * * 0", False, id="seconds-last"),
+        pytest.param("0 */5 * * *", False, id="five-fields"),
+    ],
+)
+def test_a_cron_written_seconds_first_is_warned_of_with_the_job(
+    expression: str, warns: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs = build()
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    jobs.cron("report", expression)(noop)
+    records = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(records) == (1 if warns else 0), [r.getMessage() for r in records]
+    if warns:
+        message = records[0].getMessage()
+        assert message.startswith(f"job 'report': expression={expression!r} has 6 fields")
+        assert "write expression='*/5 * * * *'" in message
+    assert list(jobs.jobs) == ["report"]  # a warning, not a refusal
 
 
 # -- item 12 of issue 11: settings that cannot work ----------------------------------------------
@@ -1112,7 +1276,7 @@ ENV_ERRORS = [
             {"PROJECT": "my app"},
             "project",
             "project (from SINGLETONJOB_PROJECT='my app'): ",
-            ("project='my app' is not a valid name",),
+            ("project='my app' is not a valid project name",),
             {"project": None},
         ),
         id="project-malformed",

@@ -19,7 +19,7 @@ from fastapi.routing import APIRoute
 
 from example_app.__main__ import GRACEFUL_SHUTDOWN_S
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._config.settings import ENV_PREFIX, Settings
+from fastapi_singletonjob._config.settings import ENV_PREFIX, ENV_SETTINGS, Settings
 from fastapi_singletonjob._election.elector import Elector
 from fastapi_singletonjob._engine.engine import CANCEL_GRACE_S
 
@@ -37,9 +37,9 @@ Doc = dict[str, Any]
 
 
 def setting_variables() -> set[str]:
-    """Every ``SINGLETONJOB_*`` variable the library reads: one per setting of Settings.build."""
-    params = inspect.signature(Settings.build).parameters
-    return {ENV_PREFIX + name.upper() for name in params if name not in ("has_client", "env")}
+    """Every ``SINGLETONJOB_*`` variable the library reads (test_config pins ``ENV_SETTINGS``
+    to the arguments of Settings.build)."""
+    return {ENV_PREFIX + name.upper() for name in ENV_SETTINGS}
 
 
 def probe_paths() -> tuple[str, str]:

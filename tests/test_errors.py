@@ -48,6 +48,21 @@ def test_an_unknown_job_is_a_job_not_found_naming_the_known_ones() -> None:
     assert str(raised.value).startswith("no job named")  # not quoted as a KeyError would be
 
 
+async def test_a_control_of_an_unknown_job_names_where_jobs_are_known() -> None:
+    jobs = SingletonJobs("memory://errors-control", project="errors")
+
+    @jobs.interval("known", every=1.0)
+    async def known() -> None:
+        pass
+
+    with pytest.raises(JobNotFound) as raised:
+        await jobs.pause("unknown")
+    assert str(raised.value) == (
+        "no job named 'unknown' is registered here, by a live node or stored in project "
+        "'errors'; known jobs: known"
+    )
+
+
 async def test_starting_twice_is_a_usage_error() -> None:
     clock = FakeClock()
     jobs = SingletonJobs("memory://errors-twice", project="errors", clock=clock)

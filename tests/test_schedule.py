@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from fastapi_singletonjob._schedule import Cron, FixedRate, Interval, Schedule
+from fastapi_singletonjob._schedule import Cron, FixedRate, Interval, Schedule, quartz_misreading
 
 UTC = UTC
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -423,14 +423,14 @@ def test_cron_strictly_after_inside_the_repeated_hour(
 @pytest.mark.parametrize(
     ("kwargs", "field", "bad", "hint"),
     [
-        ({"expression": "61 * * * *"}, "expression", "'61 * * * *'", "crontab.guru"),
+        ({"expression": "61 * * * *"}, "expression", "'61 * * * *'", "minute field"),
         ({"expression": "* * * *"}, "expression", "'* * * *'", "5 fields"),
-        ({"expression": "*/0 * * * *"}, "expression", "'*/0 * * * *'", "5 fields"),
+        ({"expression": "*/0 * * * *"}, "expression", "'*/0 * * * *'", "step of 0"),
         ({"expression": "0 0 31 2 *"}, "expression", "'0 0 31 2 *'", "never fires"),
         ({"expression": "0 0 1 1 * 0 2026"}, "expression", "'0 0 1 1 * 0 2026'", "7 fields"),
         ({"expression": 5}, "expression", "5", "must be a string"),
         ({"expression": "R 3 * * *"}, "expression", "'R 3 * * *'", "random value (R)"),
-        ({"expression": "0 3 * * R"}, "expression", "'0 3 * * R'", "weekday field"),
+        ({"expression": "0 3 * * R"}, "expression", "'0 3 * * R'", "day of week field"),
         ({"expression": "H/15 * * * *"}, "expression", "'H/15 * * * *'", "'0/15 * * * *'"),
         (
             {"expression": "0 3 * * *", "timezone": "Mars/Olympus"},
@@ -447,6 +447,105 @@ def test_cron_rejects_bad_input(kwargs: dict[str, Any], field: str, bad: str, hi
     message = str(caught.value)
     assert f"{field}={bad}" in message
     assert hint in message
+
+
+@pytest.mark.parametrize(
+    ("expression", "reason"),
+    [
+        ("61 * * * *", "has 61 in its minute field ('61'), which takes 0-59"),
+        ("0-61 * * * *", "has 61 in its minute field ('0-61'), which takes 0-59"),
+        ("1,2,99 * * * *", "has 99 in its minute field ('1,2,99'), which takes 0-59"),
+        ("* 24 * * *", "has 24 in its hour field ('24'), which takes 0-23"),
+        ("* * 0 * *", "has 0 in its day of month field ('0'), which takes 1-31"),
+        ("* * 32 * *", "has 32 in its day of month field ('32'), which takes 1-31"),
+        ("* * * 13 *", "has 13 in its month field ('13'), which takes 1-12, or jan-dec"),
+        ("* * * * 8", "has 8 in its day of week field ('8'), which takes 0-7 (0 and 7 are Sun"),
+        ("* * * * * 60", "has 60 in its second field ('60'), which takes 0-59"),
+        ("*/0 * * * *", "has a step of 0 in its minute field ('*/0'); a step is 1 or more"),
+        ("* * * * * ?", "has '?' in its second field, which only day of month and day of week"),
+    ],
+)
+def test_a_refused_cron_field_is_named_with_its_range_and_the_bad_value(
+    expression: str, reason: str
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        Cron(expression)
+    assert str(caught.value).startswith(f"expression={expression!r} {reason}")
+    assert "Quartz" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("quartz", "rewritten"),
+    [
+        ("0 */5 * * * ?", "*/5 * * * *"),
+        ("0 0 12 ? * MON-FRI", "0 12 * * MON-FRI"),
+        ("0 0 12 ? * 2-6", "0 12 * * 1-5"),  # Quartz counts the weekdays 1-7 from Sunday
+        ("0 15 10 ? * 6#3", "15 10 * * 5#3"),
+        ("0 30 9 * * *", "30 9 * * *"),  # here: hour 30
+        ("30 0 0 25 12 ?", "0 0 25 12 * 30"),
+    ],
+)
+def test_a_refused_quartz_expression_is_told_its_form_here(quartz: str, rewritten: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        Cron(quartz)
+    message = str(caught.value)
+    assert message.startswith(f"expression={quartz!r} ")
+    assert f"if it is in Quartz's order (seconds first: second='{quartz.split()[0]}'" in message
+    assert f"write expression={rewritten!r}" in message
+    Cron(rewritten)  # the form it suggests is valid here
+
+
+def test_a_quartz_every_five_minutes_is_read_here_as_every_second_and_warned_of() -> None:
+    quartz = "0 */5 * * * *"
+    cron, after = Cron(quartz), at(4, 59, 59)
+    fires: list[datetime] = []
+    while len(fires) < 61:
+        fired = cron.next_fire(after)
+        assert fired is not None
+        fires.append(after := fired)
+    # What the warning says it means here: every second of minute 0 of every fifth hour.
+    assert fires[:60] == [at(5, 0, second) for second in range(60)]
+    assert fires[60] == at(10, 0, 0)
+    warning = quartz_misreading(quartz)
+    assert warning is not None
+    assert warning.startswith(f"expression={quartz!r} has 6 fields, and the 6th is the second")
+    assert "every second of each minute with minute='0' hour='*/5': 60 runs in a row" in warning
+    assert "it means second='0' minute='*/5': for that, write expression='*/5 * * * *'" in warning
+    assert "write the second field as 0-59" in warning
+    # The Quartz meaning, written as suggested, fires every 5 minutes.
+    assert Cron("*/5 * * * *").next_fire(at(4, 59, 59)) == at(5, 0)
+    assert Cron("*/5 * * * *").next_fire(at(5, 0)) == at(5, 5)
+
+
+@pytest.mark.parametrize(
+    ("expression", "rewritten"),
+    [
+        ("0 */5 * * * *", "*/5 * * * *"),
+        ("0 0 3 * * *", "0 3 * * *"),
+        ("*/10 * * * * *", "* * * * * */10"),
+        ("15 */2 * * * *", "*/2 * * * * 15"),
+    ],
+)
+def test_quartz_misreading_names_the_form_here(expression: str, rewritten: str) -> None:
+    warning = quartz_misreading(expression)
+    assert warning is not None and f"write expression={rewritten!r}" in warning
+    Cron(expression)  # valid here: warned of, not refused
+    Cron(rewritten)
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "*/5 * * * * 0",  # seconds last, as here: every 5 minutes at second 0
+        "30 */2 * * * 0",  # 00:30:00 of every second hour
+        "0 */5 * * * 0-59",  # every second, said so
+        "* * * * * *",  # every second in both orders
+        "0 */5 * * *",
+        "@hourly",
+    ],
+)
+def test_quartz_misreading_leaves_seconds_last_expressions_alone(expression: str) -> None:
+    assert quartz_misreading(expression) is None
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ an error names the field, the bad value and the fix. Durations are accepted as
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import math
 import os
@@ -17,7 +18,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Final, Literal
+from typing import Final, Literal, TypeGuard
 
 from .._checkpoint import DEFAULT_CHECKPOINT_RETENTION_S
 from .._errors import ConfigurationError
@@ -25,7 +26,7 @@ from .._timing import lease_deadline
 from .redact import check_redis_url, redact_url
 from .sentinel_url import is_sentinel_url, parse_sentinel_url
 
-__all__ = ["Duration", "Settings", "check_name", "to_seconds"]
+__all__ = ["Duration", "Settings", "check_name", "is_name", "to_seconds"]
 
 logger = logging.getLogger("fastapi_singletonjob")
 
@@ -33,6 +34,19 @@ Duration = timedelta | float | int
 """A duration: a ``timedelta``, or a number of seconds."""
 
 ENV_PREFIX: Final = "SINGLETONJOB_"
+ENV_SETTINGS: Final = (
+    "redis_url",
+    "project",
+    "node_id",
+    "heartbeat_interval",
+    "lock_expiry",
+    "max_backoff",
+    "shutdown_timeout",
+    "precision",
+    "checkpoint_retention",
+    "placement",
+)
+"""The settings that ``Settings.build`` reads from ``SINGLETONJOB_<NAME>`` variables."""
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 MIN_PERIOD_S: Final = 0.001
 
@@ -45,12 +59,20 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _NAME_RULE = "1-100 characters: letters, digits, '-', '_' or '.', starting with a letter or digit"
 
 
-def check_name(value: object, *, field: str, job: str | None = None) -> str:
+_NAME_EXAMPLES: Final = {"project": "project='myapp'", "job": "'price-tick'"}
+
+
+def is_name(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a valid project or job name (``check_name``)."""
+    return isinstance(value, str) and _NAME.fullmatch(value) is not None
+
+
+def check_name(value: object, *, field: str, what: Literal["project", "job"]) -> str:
     """Validate a project or job name: it becomes part of Redis keys and URLs."""
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
+    if not is_name(value):
         raise ConfigurationError(
-            f"{field}={value!r} is not a valid name; use {_NAME_RULE}, e.g. 'price-tick'",
-            job=job,
+            f"{field}={value!r} is not a valid {what} name; use {_NAME_RULE}, "
+            f"e.g. {_NAME_EXAMPLES[what]}",
             field=field,
         )
     return value
@@ -163,6 +185,43 @@ def _naming_the_variables(
     return error if message == str(error) else ConfigurationError(message, field=field)
 
 
+def _warn_of_unknown_variables(env: Mapping[str, str]) -> None:
+    """One WARNING naming every ``SINGLETONJOB_*`` variable (any case) that is no setting, each
+    with the nearest setting's variable: a misspelt one would be ignored without a word
+    (``SINGLETONJOB_LOCKEXPIRY=1`` leaves the expiry at 10 s). Names only: a value may be a
+    secret."""
+    known = {name.upper(): ENV_PREFIX + name.upper() for name in ENV_SETTINGS}
+    unknown = sorted(
+        variable
+        for variable in env
+        if variable.upper().startswith(ENV_PREFIX) and variable not in known.values()
+    )
+    if not unknown:
+        return
+    nearest = {
+        v: difflib.get_close_matches(v[len(ENV_PREFIX) :].upper(), known, n=1) for v in unknown
+    }
+    named = ", ".join(f"{v} (did you mean {known[n[0]]}?)" if n else v for v, n in nearest.items())
+    listed = (
+        "" if all(nearest.values()) else f"; the variables it reads: {', '.join(known.values())}"
+    )
+    logger.warning("ignored, not a setting of fastapi-singletonjob: %s%s", named, listed)
+
+
+def _naming_the_flags(
+    error: ConfigurationError, flags: Mapping[str, str], read: Mapping[str, tuple[str, str]]
+) -> ConfigurationError:
+    """``error`` with the caller's flags for the settings it passes (``project='myapp'``
+    becomes ``--project 'myapp'``): the user of a command line writes flags, not keyword
+    arguments. A setting taken from the environment keeps its name (``_naming_the_variables``
+    names its variable)."""
+    message = str(error)
+    for name, flag in flags.items():
+        if name not in read:
+            message = re.sub(rf"\b{name}=", f"{flag} ", message)
+    return error if message == str(error) else ConfigurationError(message, field=error.field)
+
+
 PlacementName = Literal["spread", "first"]
 PLACEMENTS: tuple[PlacementName, ...] = ("spread", "first")
 
@@ -219,9 +278,15 @@ class Settings:
         checkpoint_retention: Duration | None = None,
         placement: str | None = None,
         env: Mapping[str, str] | None = None,
+        flags: Mapping[str, str] | None = None,
     ) -> Settings:
-        """Merge arguments, environment and defaults, and validate the result."""
+        """Merge arguments, environment and defaults, and validate the result.
+
+        :param flags: how the caller's user writes the settings it passes, where that is
+            not as keyword arguments: the CLI's ``{"project": "--project", ...}``; the errors
+            then speak of them."""
         env = os.environ if env is None else env
+        _warn_of_unknown_variables(env)
         # Each setting taken from the environment: its variable, and its value as shown.
         read: dict[str, tuple[str, str]] = {}
 
@@ -254,7 +319,7 @@ class Settings:
                     f"set {ENV_PREFIX}PROJECT",
                     field="project",
                 )
-            check_name(project, field="project")
+            check_name(project, field="project", what="project")
             if node_id is None:
                 node_id = from_env("node_id")
             generated_in = None if node_id is not None else os.getpid()
@@ -298,7 +363,8 @@ class Settings:
             )
             placed = parse_placement(placement if placement is not None else from_env("placement"))
         except ConfigurationError as error:
-            raise _naming_the_variables(error, read) from None
+            named = _naming_the_variables(error, read)
+            raise _naming_the_flags(named, flags or {}, read) from None
         return cls(
             project,
             node_id,

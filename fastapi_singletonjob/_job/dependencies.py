@@ -30,7 +30,7 @@ from starlette.requests import Request
 from .._errors import ConfigurationError, UsageError
 from .context import JobContext
 
-__all__ = ["JobCall", "job_context"]
+__all__ = ["JobCall", "callable_name", "job_context"]
 
 _CURRENT: contextvars.ContextVar[JobContext] = contextvars.ContextVar("singletonjob_context")
 
@@ -79,8 +79,8 @@ class JobCall:
             dependant = get_dependant(path="", call=shim)
         except Exception as exc:  # FastAPI rejects the signature itself
             raise ConfigurationError(
-                f"the parameters of {_name(func)} or of its dependencies cannot be resolved: "
-                f"{exc}; a dependency that needs the run's context declares "
+                f"the parameters of {callable_name(func)} or of its dependencies cannot be "
+                f"resolved: {exc}; a dependency that needs the run's context declares "
                 "`ctx: Annotated[JobContext, Depends(job_context)]`",
                 job=job,
                 field="func",
@@ -144,7 +144,9 @@ class JobCall:
         return dict(solved.values)
 
 
-def _name(func: Callable[..., Any]) -> str:
+def callable_name(func: Callable[..., Any]) -> str:
+    """How a message names a job function or a dependency: its qualified name, else its
+    ``repr`` (a ``functools.partial``, a callable object)."""
     return getattr(func, "__qualname__", repr(func))
 
 
@@ -163,7 +165,7 @@ def _shim(job: str, func: Callable[..., Any], hints: dict[str, Any]) -> Callable
             continue
         if parameter.kind is parameter.POSITIONAL_ONLY:
             raise ConfigurationError(
-                f"parameter {parameter.name!r} of {_name(func)} is positional-only; job "
+                f"parameter {parameter.name!r} of {callable_name(func)} is positional-only; job "
                 "parameters are passed by name",
                 job=job,
                 field=parameter.name,
@@ -182,7 +184,7 @@ def _shim(job: str, func: Callable[..., Any], hints: dict[str, Any]) -> Callable
         raise AssertionError("not callable")
 
     shim.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    shim.__qualname__ = _name(func)
+    shim.__qualname__ = callable_name(func)
     return shim
 
 
@@ -222,7 +224,7 @@ def _reject_request_parameters(
     job: str, func: Callable[..., Any], dependant: Dependant, hints: dict[str, Any]
 ) -> None:
     unresolved = {name: text for name, text in hints.items() if isinstance(text, str)}
-    for owner, field, what in _request_needs(dependant, _name(func)):
+    for owner, field, what in _request_needs(dependant, callable_name(func)):
         if what is _BARE_CONTEXT:
             raise ConfigurationError(
                 f"parameter {field!r} of {owner} is a bare JobContext, which only the job "
@@ -232,7 +234,7 @@ def _reject_request_parameters(
                 field=field,
             )
         hint = ""
-        if owner == _name(func) and field in unresolved:
+        if owner == callable_name(func) and field in unresolved:
             hint = (
                 f" (its annotation {unresolved[field]!r} could not be evaluated, so a Depends "
                 "inside it was not seen: define or import the names it uses at module level)"
@@ -277,5 +279,5 @@ def _request_needs(dependant: Dependant, owner: str) -> list[tuple[str, str, str
             found.append((owner, name, what))
     for sub in dependant.dependencies:
         if sub.call is not None:
-            found += _request_needs(sub, _name(sub.call))
+            found += _request_needs(sub, callable_name(sub.call))
     return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
@@ -10,8 +11,8 @@ from typing import Any, Literal
 
 from .._config.settings import MIN_PERIOD_S, Duration, check_expiry, check_name, to_seconds
 from .._errors import ConfigurationError
-from .._schedule import Cron, FixedRate, Interval, Schedule
-from .dependencies import JobCall
+from .._schedule import Cron, FixedRate, Interval, Schedule, quartz_misreading
+from .dependencies import JobCall, callable_name
 
 __all__ = [
     "JobOptions",
@@ -23,6 +24,8 @@ __all__ = [
     "fixed_rate_schedule",
     "interval_schedule",
 ]
+
+logger = logging.getLogger("fastapi_singletonjob")
 
 MIN_MISFIRE_GRACE_S = 0.05
 """A run starts a few milliseconds after its instant (timer resolution, the event loop's
@@ -62,6 +65,7 @@ class JobSpec:
                 job=self.name,
                 field="func",
             )
+        _refuse_generator(self.name, self.func)
         if self.on_leadership_lost not in ("finish", "cancel"):
             raise ConfigurationError(
                 f"on_leadership_lost={self.on_leadership_lost!r} is not one of 'finish' "
@@ -102,9 +106,33 @@ class JobSpec:
     @property
     def is_async(self) -> bool:
         """Whether the function is a coroutine function (run on the loop, not in a thread)."""
-        return inspect.iscoroutinefunction(self.func) or inspect.iscoroutinefunction(
-            getattr(self.func, "__call__", None)  # noqa: B004 - async callable objects
-        )
+        return any(map(inspect.iscoroutinefunction, _called(self.func)))
+
+
+def _called(func: Callable[..., Any]) -> tuple[object, ...]:
+    """What runs when ``func`` is called: itself, and the ``__call__`` of a callable object.
+    (``inspect`` sees through a ``functools.partial`` by itself.)"""
+    return func, getattr(func, "__call__", None)  # noqa: B004 - callable objects
+
+
+def _refuse_generator(job: str, func: Callable[..., Any]) -> None:
+    """Refuse a generator function: calling it only makes a generator, so its body would
+    never run, and each run would be recorded as a success."""
+    called = _called(func)
+    if any(map(inspect.isasyncgenfunction, called)):
+        kind, fix = "an async generator function (an `async def` with `yield`)", "async def"
+    elif any(map(inspect.isgeneratorfunction, called)):
+        kind, fix = "a generator function (a `def` with `yield`)", "def"
+    else:
+        return
+    raise ConfigurationError(
+        f"func={callable_name(func)} is {kind}: calling it only makes a generator, so its "
+        "body would never run and every run would be recorded as a success; remove the "
+        f"`yield` and write a plain `{fix}` (what a job returns is ignored), and move a "
+        "resource that the run opens and closes into a `yield` dependency: Depends(...)",
+        job=job,
+        field="func",
+    )
 
 
 # -- definitions, validated where the user writes them -------------------------------------
@@ -129,12 +157,17 @@ def fixed_rate_schedule(name: str, every: Duration, offset: Duration) -> FixedRa
 
 
 def cron_schedule(name: str, expression: str, timezone: str) -> Cron:
-    """The schedule of ``jobs.cron(name, expression, timezone=...)``."""
+    """The schedule of ``jobs.cron(name, expression, timezone=...)``; a warning when the
+    expression reads as one written in Quartz's order (seconds first)."""
     try:
-        return Cron(expression, timezone)
+        cron = Cron(expression, timezone)
     except ValueError as exc:
         field = "timezone" if "timezone=" in str(exc) else "expression"
         raise ConfigurationError(str(exc), job=name, field=field) from None
+    misreading = quartz_misreading(expression)
+    if misreading is not None:
+        logger.warning("job %r: %s", name, misreading)
+    return cron
 
 
 def custom_schedule(name: str, schedule: Schedule) -> Schedule:
@@ -175,7 +208,7 @@ class JobOptions:
     ) -> JobOptions:
         """Validate the options of job ``name`` as the user gave them, and its name (the
         others are checked by ``JobSpec``)."""
-        check_name(name, field="name")
+        check_name(name, field="name", what="job")
         timeout_s = None if timeout is None else to_seconds(timeout, field="timeout", job=name)
         expiry_s = None
         if lock_expiry is not None:
