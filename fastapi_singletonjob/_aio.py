@@ -30,6 +30,11 @@ T = TypeVar("T")
 
 UNWIND_S = 1.0
 """How long a cancelled ``within`` waits for its call to unwind before the cancel goes on."""
+OVERRUN_S = 1.0
+"""How long past its deadline a store call in flight may take to give up (its own bound, which
+drops its connection, normally ends it on time) before the caller that coalesces calls
+(``_store.redis.batch.Batcher``, ``_run.recorder.Recorder``) abandons it and sends the next
+one anyway: nothing waits for good behind a call that may never return."""
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -148,8 +153,8 @@ class Pacer:
 
 
 async def wait_all(
-    tasks: Collection[asyncio.Future[None]], timeout_s: float, clock: Clock, *, first: bool = False
-) -> set[asyncio.Future[None]]:
+    tasks: Collection[asyncio.Future[Any]], timeout_s: float, clock: Clock, *, first: bool = False
+) -> set[asyncio.Future[Any]]:
     """Wait for ``tasks`` (with ``first``, for the first of them) up to ``timeout_s`` on
     ``clock``; return those still pending."""
     pending = {task for task in tasks if not task.done()}

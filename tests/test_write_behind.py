@@ -6,6 +6,7 @@ blocking a run."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from fake_nodes import stop
 from test_runner import Factory, clock, engine, make
 
 from fastapi_singletonjob import DropReason, JobContext, SingletonJobs
+from fastapi_singletonjob._aio import OVERRUN_S
 from fastapi_singletonjob._checkpoint import FinishedRun, Recorded
 from fastapi_singletonjob.testing import FakeClock
 
@@ -185,3 +187,42 @@ async def test_a_record_that_fails_is_reported_and_never_blocks(
     assert len(messages) == 4 and "prices" in messages[0], messages
     # Nothing was written since: each run read the stored iteration again.
     assert seen[before:] == [seen[before]] * 4
+
+
+async def test_a_record_call_that_never_returns_is_abandoned(
+    make: Factory, clock: FakeClock
+) -> None:
+    """The store takes one record call and never answers it (a flow gone silent whose own
+    bound failed too): ``OVERRUN_S`` past its deadline the call is abandoned and its records
+    are told so; the job does not stay busy for good. Its records failing for a lock expiry,
+    the node lets the job go, and (alone) takes it back, its records written again."""
+    jobs = make(lock_expiry=3.0)
+
+    @jobs.fixed_rate("prices", every=1.0)
+    async def prices() -> None:
+        pass
+
+    await jobs.start()
+    await clock.advance(1.5)
+    store = engine(jobs).store
+    record_runs = store.record_runs
+    stuck: list[int] = []
+
+    async def once_stuck(runs: Sequence[FinishedRun], **kwargs: Any) -> Recorded:
+        if not stuck:
+            stuck.append(len(runs))
+            await asyncio.Event().wait()  # never answers, never gives up
+        return await record_runs(runs, **kwargs)
+
+    store.record_runs = once_stuck  # type: ignore[method-assign]
+    runner = engine(jobs).runners["prices"]
+    await clock.advance(1.0)  # the stuck call is made
+    assert stuck and runner.unwritten == 1
+    await clock.advance(3.0 + OVERRUN_S)
+    assert runner.stats.unrecorded >= 1 and runner.unwritten == 0
+    let_go = jobs.status("prices").jobs[0].let_go
+    assert let_go is not None and "checkpoint could not be written" in let_go
+    before = await store.read_checkpoint("prices")
+    await clock.advance(10.0)
+    after = await store.read_checkpoint("prices")
+    assert before is not None and after is not None and after.iteration > before.iteration

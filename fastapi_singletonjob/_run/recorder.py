@@ -13,8 +13,10 @@ write went (``Written``), and its job's runner counts the records still on their
 a handover of the job waits for them (the successor reads them) while the next run does not.
 Each record has a deadline, the time its term had left when it was put (a write after that is
 refused anyway); a call takes the shortest deadline of its records, which the store keeps
-(``Store.record_runs``: ``ConnectionError`` past it). A record whose deadline passed while it
-waited is not sent.
+(``Store.record_runs``: ``ConnectionError`` past it), and a call still out ``OVERRUN_S`` after
+it is abandoned, its records told so: nothing waits for good behind a call that may never
+return (then a job's handover would wait for good too). A record whose deadline passed while
+it waited is not sent.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
+from .._aio import OVERRUN_S, wait_all
 from .._checkpoint import FinishedRun
 from .._clock import Clock
 from .._store.base import Store
@@ -70,11 +74,19 @@ class Recorder:
                 if not batch:
                     continue
                 timeout_s = min(deadline for _, deadline, _ in batch) - now
+                call = asyncio.ensure_future(
+                    self._store.record_runs([run for run, _, _ in batch], timeout_s=timeout_s)
+                )
                 try:
-                    recorded = await self._store.record_runs(
-                        [run for run, _, _ in batch], timeout_s=timeout_s
-                    )
+                    if await wait_all({call}, timeout_s + OVERRUN_S, self._clock):
+                        call.add_done_callback(_discard)
+                        call.cancel()  # abandoned: the next records go without it
+                        _tell(batch, ConnectionError(f"no answer within {timeout_s:g}s"))
+                        continue
+                    recorded = call.result()
                 except asyncio.CancelledError:
+                    call.add_done_callback(_discard)
+                    call.cancel()
                     _tell(batch, ConnectionError("the node stopped before the store answered"))
                     raise
                 except Exception as exc:
@@ -93,6 +105,11 @@ class Recorder:
             await asyncio.gather(flusher, return_exceptions=True)
         pending, self._pending = self._pending, []
         _tell(pending, ConnectionError("the node stopped before the record was sent"))
+
+
+def _discard(call: asyncio.Future[Any]) -> None:
+    if not call.cancelled():
+        call.exception()
 
 
 def _tell(batch: list[tuple[FinishedRun, float, Written]], error: Exception) -> None:

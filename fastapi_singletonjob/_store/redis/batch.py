@@ -17,21 +17,16 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from ..._aio import OVERRUN_S
 from ..._clock import SYSTEM_CLOCK, Clock, SystemClock
 
-__all__ = ["Batcher"]
+__all__ = ["OVERRUN_S", "Batcher"]
 
 Item = TypeVar("Item")
 Reply = TypeVar("Reply")
 
 Send = Callable[[Sequence[Item], float], Awaitable[Sequence[Reply]]]
 """Sends a batch bounded by a timeout in seconds; one reply per item, in order."""
-
-
-OVERRUN_S = 1.0
-"""How long past its deadline a call in flight may take to give up (its own bound, which drops
-its connection, normally ends it on time) before the batcher abandons it and sends the next
-batch anyway: nothing waits for good behind a call that may never return."""
 
 
 class Batcher(Generic[Item, Reply]):
