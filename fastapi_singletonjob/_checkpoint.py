@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, Union
 
 from ._errors import ConfigurationError
 from ._lock_value import MAX_TOKEN
+from ._odd import level
 from ._outcomes import Outcome
 
 if TYPE_CHECKING:
@@ -225,7 +226,8 @@ def checked(job: str, fields: Mapping[str, str | bytes] | None) -> Checkpoint | 
     if checkpoint is None:
         not_a_record(job, "a hash without a whole-number iteration")
     elif bad:
-        logger.warning(
+        logger.log(
+            level(f"the checkpoint of job {job!r}", ", ".join(bad)),
             "the checkpoint of job %r has fields that do not parse (%s): they read as None "
             "until a write replaces them; reset the checkpoint to start afresh",
             job,
@@ -235,7 +237,10 @@ def checked(job: str, fields: Mapping[str, str | bytes] | None) -> Checkpoint | 
 
 
 def not_a_record(job: str, what: str) -> None:
-    logger.warning(
+    """Say once (``_odd.level``: a view polled every second reads it each time) that the
+    checkpoint key of ``job`` holds ``what``, which is no record."""
+    logger.log(
+        level(f"the checkpoint key of job {job!r}", what),
         "the checkpoint key of job %r holds %s, not a record this library writes: it reads as "
         "no checkpoint, and the job's next fenced write replaces it (reset the checkpoint to "
         "delete it now)",

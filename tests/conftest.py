@@ -15,6 +15,15 @@ from pathlib import Path
 import pytest
 from servers import RedisServer, RedisServerFactory
 
+from fastapi_singletonjob import _odd
+
+
+@pytest.fixture(autouse=True)
+def _odd_values_reported_afresh() -> None:
+    """The library says once per process that a stored value is odd (``_odd``): each test
+    hears it as a fresh process would, whatever ran before it."""
+    _odd.forget()
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:

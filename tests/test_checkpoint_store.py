@@ -724,7 +724,8 @@ async def test_redis_a_key_of_another_type_reads_as_none_and_is_replaced(
         with caplog.at_level(logging.WARNING, "fastapi_singletonjob"):
             assert await store.read_checkpoint(JOB) is None
             assert (await store.load_checkpoint(JOB))[0] is None
-        assert caplog.text.count("a key of another type than hash") == 2
+        # Said once, however often it is read (a view polled every second).
+        assert caplog.text.count("a key of another type than hash") == 1
 
         assert await save(store, token, {"a": []})
         assert client.type(key) == "hash"

@@ -59,7 +59,7 @@ OTHER_TYPES = ("string", "list")
 """A key of another type than a hash or a sorted set, for the keys that are one."""
 
 READ_ONCE = "not a value this library writes"
-"""In the WARNING of a reader that left an odd value out (``_store.odd``)."""
+"""In the WARNING of a reader that left an odd value out (``_odd``)."""
 DELETED = "(no node of this library writes that)"
 """In the WARNING of a node whose ``ELECT`` deleted an odd value."""
 

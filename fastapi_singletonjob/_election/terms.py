@@ -19,8 +19,8 @@ from typing import Protocol
 
 from .._clock import Clock
 from .._lock_value import node_of
+from .._odd import odd_value
 from .._store.base import LeaseReply
-from .._store.odd import odd_value
 from .._telemetry import Telemetry
 from .._timing import WATCH_STEP_S, leaderless_s, lease_deadline
 from .lease import Lease, LeaseView

@@ -3,7 +3,7 @@
 All keys of one project share the hash tag ``{project}``, so that one script can touch all of
 them in a single round trip, also on Redis Cluster (they live in one hash slot).
 
-A key may hold what no script writes (``_store.odd``): its readers read that as absent, and
+A key may hold what no script writes (``_odd``): its readers read that as absent, and
 the script that owns the key deletes or replaces it (``_store.redis.scripts``); a lock value
 of another form, or a lock key of another type, is foreign and stays until it goes.
 
@@ -77,7 +77,7 @@ import json
 from datetime import datetime
 from typing import Literal, get_args
 
-from .odd import odd_value
+from .._odd import odd_value
 
 __all__ = [
     "Control",

@@ -18,8 +18,8 @@ from datetime import datetime
 
 from .._checkpoint import digits
 from .._config.settings import MAX_DURATION_S
+from .._odd import deleted, odd_value
 from .._version import __version__
-from .odd import deleted, odd_value
 
 __all__ = ["DROPPED", "MAX_RECORD_TTL_S", "VERSION", "MemberRecord", "Membership", "jobs_digest"]
 

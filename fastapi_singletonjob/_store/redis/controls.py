@@ -3,7 +3,7 @@ wake-up notice it publishes), a node's leaving, and the one read of the whole cl
 election reads the controls and keeps the membership inside its own ``ELECT`` call
 (``_store.redis.store``).
 
-The cluster read never fails for what the keys hold (``_store.odd``): a key of another type
+The cluster read never fails for what the keys hold (``_odd``): a key of another type
 reads as empty, an expiry that is not a time the record could live to, a record, a control
 field or a last instant that this library does not write as absent, each reported once.
 """
@@ -17,10 +17,10 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from ..._checkpoint import checked
+from ..._odd import odd_type, odd_value
 from .. import keys as _keys
 from ..base import DEFAULT_CONTROL_TIMEOUT_S, ClusterData, JobData
 from ..membership import MAX_RECORD_TTL_S, MemberRecord, Membership
-from ..odd import odd_type, odd_value
 from ..records import job_names, last_us
 from . import scripts as _scripts
 from .connect import bounded

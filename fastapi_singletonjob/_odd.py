@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["MAX_REMEMBERED", "SHOWN_CHARS", "deleted", "odd_type", "odd_value"]
+__all__ = ["MAX_REMEMBERED", "SHOWN_CHARS", "deleted", "forget", "level", "odd_type", "odd_value"]
 
 logger = logging.getLogger("fastapi_singletonjob.store")
 
@@ -49,13 +49,24 @@ def deleted(what: str) -> None:
     logger.warning("the election deleted %s (no node of this library writes that)", shown)
 
 
-def _once(where: str, shown: str, treated: str) -> None:
+def level(where: str, shown: str) -> int:
+    """The level to report ``shown``, found in ``where``, at: WARNING the first time in this
+    process (of the first ``MAX_REMEMBERED``), DEBUG after."""
     seen = (where, shown)
-    first = seen not in _reported and len(_reported) < MAX_REMEMBERED
-    if first:
-        _reported.add(seen)
+    if seen in _reported or len(_reported) >= MAX_REMEMBERED:
+        return logging.DEBUG
+    _reported.add(seen)
+    return logging.WARNING
+
+
+def forget() -> None:
+    """Forget what was reported (each test starts afresh, as a new process would)."""
+    _reported.clear()
+
+
+def _once(where: str, shown: str, treated: str) -> None:
     logger.log(
-        logging.WARNING if first else logging.DEBUG,
+        level(where, shown),
         "%s holds %s, not a value this library writes: %s",
         where,
         shown,
