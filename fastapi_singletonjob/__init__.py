@@ -9,6 +9,7 @@ from ._errors import (
     SingletonJobError,
     UsageError,
 )
+from ._history import Occurrence
 from ._job.context import JobContext
 from ._job.dependencies import job_context
 from ._outcomes import DropReason, Outcome
@@ -20,7 +21,9 @@ from ._web.models import (
     ClusterNode,
     ClusterStatus,
     HealthStatus,
+    HistoryEntry,
     JobHealth,
+    JobHistory,
     JobReport,
     JobsHealth,
     JobStatus,
@@ -39,9 +42,11 @@ __all__ = [
     "DropReason",
     "FixedRate",
     "HealthStatus",
+    "HistoryEntry",
     "Interval",
     "JobContext",
     "JobHealth",
+    "JobHistory",
     "JobNotFound",
     "JobReport",
     "JobStatus",
@@ -49,6 +54,7 @@ __all__ = [
     "LastRun",
     "LeadershipLost",
     "NodeStatus",
+    "Occurrence",
     "Outcome",
     "Schedule",
     "ScheduleError",

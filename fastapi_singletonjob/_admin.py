@@ -16,6 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from ._checkpoint import Checkpoint
 from ._clock import Clock
 from ._errors import JobNotFound
+from ._history import DEFAULT_HISTORY, Occurrence, check_limit
 from ._store import keys as _keys
 from ._store.base import Store
 from ._web.models import ClusterStatus
@@ -109,6 +110,12 @@ class AdminClient:
         require_registered(job, self._jobs)
         async with self._stores() as store:
             return await store.read_checkpoint(job)
+
+    async def history(self, job: str, limit: int = DEFAULT_HISTORY) -> list[Occurrence]:
+        """``job``'s last ``limit`` occurrences as stored, newest first (``_history``)."""
+        require_registered(job, self._jobs)
+        async with self._stores() as store:
+            return await store.read_history(job, limit=check_limit(limit))
 
     async def reset_checkpoint(self, job: str) -> bool:
         """Delete ``job``'s checkpoint (unfenced); True if there was one."""

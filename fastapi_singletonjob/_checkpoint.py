@@ -118,6 +118,15 @@ class FinishedRun(NamedTuple):
     """What the run raised, in a line; cut to ``MAX_ERROR_CHARS`` when stored."""
     retention_s: float
     """How long the record outlives the last write while no node leads the job."""
+    started_at: datetime | None = None
+    """When the run's code began (its history entry), on this node's clock."""
+    duration_s: float = 0.0
+    """How long the run took (its history entry)."""
+    history: int = 0
+    """How many entries the job's history keeps (``_history``); 0: none, nothing added."""
+    missed: str | None = None
+    """Not a run but an instant the leader did not run, and why (a ``DropReason`` value):
+    only a history entry, the checkpoint is left as it is."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from ._clock import SYSTEM_CLOCK
 from ._config.redact import redact_url
 from ._config.settings import Settings
 from ._errors import ConfigurationError, JobNotFound
+from ._history import MAX_HISTORY, MISSED_REASONS, check_limit
 from ._store.base import DEFAULT_CONTROL_TIMEOUT_S, STORE_ERRORS
 from ._store.open import open_store
 from ._web.models import ClusterStatus
@@ -155,6 +157,11 @@ def _parser() -> argparse.ArgumentParser:
     checkpoint = commands.add_parser("checkpoint", parents=[common], help="a job's checkpoint")
     checkpoint.add_argument("job")
     checkpoint.add_argument("--state", action="store_true", help="also print its state")
+    history = commands.add_parser(
+        "history", parents=[common], help="a job's last runs and missed instants, newest first"
+    )
+    history.add_argument("job")
+    history.add_argument("--limit", type=_limit, default=20, help="how many entries (default 20)")
     return parser
 
 
@@ -221,6 +228,8 @@ async def _run(project: _Project, args: argparse.Namespace, out: TextIO) -> int:
             await asyncio.sleep(args.interval)
     if args.command == "checkpoint":
         return await _checkpoint(project, args.job, args.state, as_json, timeout_s, out)
+    if args.command == "history":
+        return await _history(project, args.job, args.limit, as_json, timeout_s, out)
     act, done = _ACTIONS[args.command]
     await within(act(project.admin, args.job), timeout_s)
     if as_json:
@@ -231,10 +240,9 @@ async def _run(project: _Project, args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-async def _checkpoint(
-    project: _Project, job: str, with_state: bool, as_json: bool, timeout_s: float, out: TextIO
-) -> int:
-    # Known, here, is what a live node registered or the store holds: the CLI has no jobs.
+async def _require_known(project: _Project, job: str, timeout_s: float) -> None:
+    """``JobNotFound`` unless a live node registered ``job`` or the store holds it (the CLI
+    has no jobs of its own)."""
     view = await within(project.admin.cluster_status(), timeout_s)
     if job not in {x.name for x in view.jobs}:
         known = ", ".join(x.name for x in view.jobs) or "none"
@@ -243,6 +251,35 @@ async def _checkpoint(
             f"{project.name!r}; known jobs: {known}",
             field="job",
         )
+
+
+async def _history(
+    project: _Project, job: str, limit: int, as_json: bool, timeout_s: float, out: TextIO
+) -> int:
+    async with project.stores() as store:
+        entries = await within(store.read_history(job, limit=limit), timeout_s)
+    if not entries:  # a stored history names a job, even with no node live
+        await _require_known(project, job, timeout_s)
+    if as_json:
+        rows = [dataclasses.asdict(entry) for entry in entries]
+        _say(out, json.dumps({"job": job, "entries": rows}, default=_when))
+        return EXIT_OK
+    if not entries:
+        _say(out, f"job {job!r} has no history")
+    for entry in entries:
+        if entry.missed:
+            what = f"missed   {entry.reason}: {MISSED_REASONS.get(entry.reason or '', '')}"
+        else:
+            took = f"{(entry.duration_s or 0.0) * 1000:.1f} ms"
+            what = f"{entry.outcome:<8} {took}" + (f"  {entry.error}" if entry.error else "")
+        _say(out, f"{_when(entry.scheduled_at)}  {entry.node_id}  #{entry.fencing_token}  {what}")
+    return EXIT_OK
+
+
+async def _checkpoint(
+    project: _Project, job: str, with_state: bool, as_json: bool, timeout_s: float, out: TextIO
+) -> int:
+    await _require_known(project, job, timeout_s)
     async with project.stores() as store:
         checkpoint = await within(store.read_checkpoint(job), timeout_s)
     if checkpoint is None:
@@ -266,6 +303,16 @@ async def _checkpoint(
             shown = json.dumps(value) if key == "state" else _when(value)
             _say(out, f"{key + ':':19} {shown}")
     return EXIT_OK
+
+
+def _limit(text: str) -> int:
+    """``--limit``: a whole number of entries from 1 to ``MAX_HISTORY``."""
+    try:
+        return check_limit(int(text))
+    except (ValueError, ConfigurationError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number from 1 to {MAX_HISTORY}"
+        ) from None
 
 
 def _say(stream: TextIO, text: str) -> None:

@@ -23,6 +23,7 @@ from ._config.settings import Duration, Settings, is_name
 from ._engine.engine import Engine
 from ._engine.snapshot import EngineSnapshot
 from ._errors import ConfigurationError, UsageError
+from ._history import DEFAULT_HISTORY, Occurrence
 from ._job.spec import (
     JobOptions,
     JobSpec,
@@ -86,6 +87,9 @@ class SingletonJobs:
     :param placement: ``"spread"`` (default): leadership of the jobs spreads over the live
         replicas, moved by graceful handovers; ``"first"``: the first node to ask leads
         (``SINGLETONJOB_PLACEMENT``).
+    :param history: how many occurrences (runs, and instants not run with the reason) each
+        job's history keeps in Redis, cluster-wide (100; 0 keeps none; ``jobs.history``,
+        ``SINGLETONJOB_HISTORY``); a job's own ``history=`` wins.
     :param clock: a ``FakeClock`` in tests; default the
         system clock.
     :param tracer_provider: OpenTelemetry tracer provider; default the global one.
@@ -106,6 +110,7 @@ class SingletonJobs:
         precision: Duration | None = None,
         checkpoint_retention: Duration | None = None,
         placement: Literal["spread", "first"] | None = None,
+        history: int | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -142,6 +147,7 @@ class SingletonJobs:
             precision=precision,
             checkpoint_retention=checkpoint_retention,
             placement=placement,
+            history=history,
         )
         self._client = redis
         self._clock: Clock = clock or SYSTEM_CLOCK
@@ -242,6 +248,13 @@ class SingletonJobs:
         run. Works before startup too (it opens a connection for the call)."""
         return await self._admin.checkpoint(job)
 
+    async def history(self, job: str, *, limit: int = DEFAULT_HISTORY) -> list[Occurrence]:
+        """``job``'s last ``limit`` occurrences, newest first, the same from every replica:
+        each run (instant, start, duration, node, fencing token, outcome, error) and each
+        instant its leader did not run, with the reason. Kept in Redis, ``history`` of them
+        per job. Works before startup too (it opens a connection for the call)."""
+        return await self._admin.history(job, limit)
+
     async def reset_checkpoint(self, job: str) -> bool:
         """Delete ``job``'s checkpoint (an operator's action, not fenced): its next run starts
         from iteration 1 and no state. True if there was one."""
@@ -277,11 +290,19 @@ class SingletonJobs:
         on_leadership_lost: LeadershipLostPolicy = "finish",
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
+        history: int | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function as soon as this node leads, then ``every`` after
         each run ends (run, then wait)."""
         options = JobOptions.parse(
-            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+            name,
+            enabled,
+            on_leadership_lost,
+            checkpoint,
+            timeout,
+            lock_expiry,
+            self._heartbeat_s,
+            history,
         )
         return self._decorator(name, interval_schedule(name, every), "interval", options)
 
@@ -296,11 +317,19 @@ class SingletonJobs:
         on_leadership_lost: LeadershipLostPolicy = "finish",
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
+        history: int | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function on a grid of instants ``epoch + offset + k * every``
         shared by all replicas; a tick that comes while a run is still going is dropped."""
         options = JobOptions.parse(
-            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+            name,
+            enabled,
+            on_leadership_lost,
+            checkpoint,
+            timeout,
+            lock_expiry,
+            self._heartbeat_s,
+            history,
         )
         return self._decorator(
             name, fixed_rate_schedule(name, every, offset), "fixed_rate", options
@@ -319,12 +348,20 @@ class SingletonJobs:
         on_leadership_lost: LeadershipLostPolicy = "finish",
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
+        history: int | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of a cron expression (5 fields, or 6
         with seconds last), in ``timezone``. A run may start up to ``misfire_grace`` after
         its instant (default: until the next instant)."""
         options = JobOptions.parse(
-            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+            name,
+            enabled,
+            on_leadership_lost,
+            checkpoint,
+            timeout,
+            lock_expiry,
+            self._heartbeat_s,
+            history,
         ).misfiring(name, misfire_grace, misfire)
         return self._decorator(name, cron_schedule(name, expression, timezone), "cron", options)
 
@@ -340,11 +377,19 @@ class SingletonJobs:
         on_leadership_lost: LeadershipLostPolicy = "finish",
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
+        history: int | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of any object with a
         ``next_fire(after: datetime) -> datetime | None`` method."""
         options = JobOptions.parse(
-            name, enabled, on_leadership_lost, checkpoint, timeout, lock_expiry, self._heartbeat_s
+            name,
+            enabled,
+            on_leadership_lost,
+            checkpoint,
+            timeout,
+            lock_expiry,
+            self._heartbeat_s,
+            history,
         ).misfiring(name, misfire_grace, misfire)
         return self._decorator(name, custom_schedule(name, schedule), "custom", options)
 
@@ -488,6 +533,9 @@ class StatusView:
 
     async def cluster_status(self) -> ClusterStatus:
         return await self._jobs.cluster_status()
+
+    async def history(self, job: str, limit: int) -> list[Occurrence]:
+        return await self._jobs.history(job, limit=limit)
 
     async def probe_store(self, within_s: float) -> bool:
         engine = self._jobs.engine

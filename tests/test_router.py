@@ -24,6 +24,7 @@ from waiting import wait_until
 from fastapi_singletonjob import Checkpoint, ClusterStatus, JobContext, SingletonJobs
 from fastapi_singletonjob._config.settings import Settings
 from fastapi_singletonjob._engine.snapshot import EngineSnapshot, EngineState, StoreSnapshot
+from fastapi_singletonjob._history import Occurrence
 from fastapi_singletonjob._job.spec import JobSpec
 from fastapi_singletonjob._web.router import create_router
 from fastapi_singletonjob.testing import FakeClock
@@ -492,6 +493,9 @@ class RunningSource:
         raise AssertionError("no job, no checkpoint read")
 
     async def cluster_status(self) -> ClusterStatus:
+        raise AssertionError("not asked")
+
+    async def history(self, job: str, limit: int) -> list[Occurrence]:
         raise AssertionError("not asked")
 
     async def probe_store(self, within_s: float) -> bool:

@@ -15,13 +15,14 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final, Literal, TypeGuard
 
 from .._checkpoint import DEFAULT_CHECKPOINT_RETENTION_S
 from .._errors import ConfigurationError
+from .._history import DEFAULT_HISTORY, check_history
 from .._timing import lease_deadline
 from .redact import check_redis_url, redact_url
 from .sentinel_url import is_sentinel_url, parse_sentinel_url
@@ -45,6 +46,7 @@ ENV_SETTINGS: Final = (
     "precision",
     "checkpoint_retention",
     "placement",
+    "history",
 )
 """The settings that ``Settings.build`` reads from ``SINGLETONJOB_<NAME>`` variables."""
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
@@ -261,6 +263,9 @@ class Settings:
     placement: PlacementName = "spread"
     """How leadership is placed: spread over the live nodes, or first come
     (``_election.placement``)."""
+    history: int = DEFAULT_HISTORY
+    """How many occurrences each job's history keeps (``_history``) unless the job says; 0:
+    none."""
 
     @classmethod
     def build(
@@ -277,6 +282,7 @@ class Settings:
         precision: Duration | None = None,
         checkpoint_retention: Duration | None = None,
         placement: str | None = None,
+        history: int | None = None,
         env: Mapping[str, str] | None = None,
         flags: Mapping[str, str] | None = None,
     ) -> Settings:
@@ -362,6 +368,7 @@ class Settings:
                 expiry_s,
             )
             placed = parse_placement(placement if placement is not None else from_env("placement"))
+            kept = _history(history, from_env)
         except ConfigurationError as error:
             named = _naming_the_variables(error, read)
             raise _naming_the_flags(named, flags or {}, read) from None
@@ -377,6 +384,7 @@ class Settings:
             generated_in,
             retention_s,
             placed,
+            kept,
         )
 
     def for_this_process(self) -> Settings:
@@ -396,8 +404,21 @@ class Settings:
             f"lock_expiry_s={self.lock_expiry_s!r}, max_backoff_s={self.max_backoff_s!r}, "
             f"shutdown_timeout_s={self.shutdown_timeout_s!r}, precision_s={self.precision_s!r}, "
             f"checkpoint_retention_s={self.checkpoint_retention_s!r}, "
-            f"placement={self.placement!r})"
+            f"placement={self.placement!r}, history={self.history!r})"
         )
+
+
+def _history(history: int | None, from_env: Callable[[str], str | None]) -> int:
+    """Validate ``history``: the argument, else ``SINGLETONJOB_HISTORY`` (a whole number's
+    text), else ``DEFAULT_HISTORY``."""
+    if history is not None:
+        return check_history(history)
+    raw = from_env("history")
+    if raw is None:
+        return DEFAULT_HISTORY
+    text = raw.strip()
+    count = int(text) if text.isascii() and text.isdigit() and len(text) < 10 else raw
+    return check_history(count)
 
 
 def _check_url(url: str) -> None:

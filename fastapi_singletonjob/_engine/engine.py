@@ -138,6 +138,7 @@ class Engine:
                     settings.node_id,
                     recorder=self.recorder,
                     retention_s=settings.checkpoint_retention_s,
+                    history=settings.history if spec.history is None else spec.history,
                     max_state_bytes=DEFAULT_MAX_STATE_BYTES,
                 )
                 if spec.checkpoint

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from .._config.settings import MIN_PERIOD_S, Duration, check_expiry, check_name, to_seconds
 from .._errors import ConfigurationError
+from .._history import check_history
 from .._schedule import Cron, FixedRate, Interval, Schedule, quartz_misreading
 from .dependencies import JobCall, callable_name
 
@@ -55,6 +56,9 @@ class JobSpec:
     """What a new leader does with the instants no node ran (cron and custom schedules)."""
     checkpoint: bool = True
     """Keep the job's checkpoint in the store (one fenced write per run)."""
+    history: int | None = None
+    """How many occurrences the job's history keeps (``_history``); None: the
+    ``SingletonJobs``'s ``history``. A job with ``checkpoint=False`` keeps none."""
     call: JobCall = field(init=False, repr=False, compare=False)
     """How the function's parameters are resolved for a run."""
 
@@ -194,6 +198,7 @@ class JobOptions:
     lock_expiry_s: float | None
     misfire_grace_s: float | None = None
     misfire: MisfirePolicy = "run_once"
+    history: int | None = None
 
     @classmethod
     def parse(
@@ -205,6 +210,7 @@ class JobOptions:
         timeout: Duration | None,
         lock_expiry: Duration | None,
         heartbeat_s: float,
+        history: int | None = None,
     ) -> JobOptions:
         """Validate the options of job ``name`` as the user gave them, and its name (the
         others are checked by ``JobSpec``)."""
@@ -214,7 +220,8 @@ class JobOptions:
         if lock_expiry is not None:
             expiry_s = to_seconds(lock_expiry, field="lock_expiry", job=name)
             check_expiry(expiry_s, heartbeat_s, field="lock_expiry", job=name)
-        return cls(enabled, on_leadership_lost, checkpoint, timeout_s, expiry_s)
+        kept = None if history is None else check_history(history, job=name)
+        return cls(enabled, on_leadership_lost, checkpoint, timeout_s, expiry_s, history=kept)
 
     def misfiring(
         self, name: str, misfire_grace: Duration | None, misfire: MisfirePolicy

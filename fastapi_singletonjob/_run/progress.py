@@ -43,6 +43,7 @@ class Progress:
     __slots__ = (
         "_cached",
         "_generation",
+        "_history",
         "_job",
         "_max_bytes",
         "_node_id",
@@ -65,10 +66,13 @@ class Progress:
         *,
         recorder: Recorder,
         retention_s: float,
+        history: int = 0,
         max_state_bytes: int,
     ) -> None:
         self._store = store
         self._recorder = recorder
+        self._history = history
+        """How many occurrences the job's history keeps (0: none)."""
         self._job = job
         self._node_id = node_id
         self._retention_s = retention_s
@@ -130,6 +134,9 @@ class Progress:
         error: str | None,
         timeout_s: float,
         written: Callable[[bool], None],
+        *,
+        started_at: datetime | None = None,
+        duration_s: float = 0.0,
     ) -> None:
         """Record a finished run, fenced, off the run path: the record goes to the store with
         the others of this turn (``Recorder``), and the copy kept here already shows it, so
@@ -160,12 +167,39 @@ class Progress:
             self._term = None
         self._unwritten += 1
         run = FinishedRun(
-            self._job, token, self._node_id, outcome, scheduled_at, error, self._retention_s
+            self._job,
+            token,
+            self._node_id,
+            outcome,
+            scheduled_at,
+            error,
+            self._retention_s,
+            started_at,
+            duration_s,
+            self._history,
         )
         done = functools.partial(
             self._written, token, scheduled_at, completed_at, self._generation, written
         )
         self._recorder.put(run, timeout_s, done)
+
+    def missed(self, token: int, scheduled_at: datetime, reason: str, timeout_s: float) -> None:
+        """Add to the job's history, fenced and off the run path, that term ``token`` did not
+        run ``scheduled_at``, and why (a ``DropReason`` value); nothing without a history."""
+        if self._history <= 0 or timeout_s <= 0:
+            return
+        run = FinishedRun(
+            self._job,
+            token,
+            self._node_id,
+            Outcome.CANCELLED,  # not read: a missed instant has no outcome
+            scheduled_at,
+            None,
+            self._retention_s,
+            history=self._history,
+            missed=reason,
+        )
+        self._recorder.put(run, timeout_s, _ignored)
 
     def _written(
         self,
@@ -263,6 +297,10 @@ class Progress:
             "has ended; stop this run, the next leader resumes from the stored state",
             job=self._job,
         )
+
+
+def _ignored(outcome: int | None | Exception, at: datetime | None) -> None:
+    """A history entry's answer: a missed instant's entry that is lost is only that."""
 
 
 def no_checkpoint(job: str) -> UsageError:

@@ -153,9 +153,18 @@ class JobRunner:
         or by default until the following instant."""
         return within_grace(self.spec.schedule, self.spec.misfire_grace_s, instant, now)
 
-    def drop(self, reason: DropReason, count: int = 1) -> None:
-        """Count ``count`` ticks dropped for ``reason``."""
+    def drop(self, reason: DropReason, count: int = 1, instant: datetime | None = None) -> None:
+        """Count ``count`` ticks dropped for ``reason``; while this node leads, the first
+        one's ``instant`` (when known) goes to the job's history, with the reason."""
         self.stats.dropped[reason] += count
+        token = self.lease.token
+        if (
+            instant is not None
+            and self.progress is not None
+            and token is not None
+            and self._leadership.is_leader(self.spec.name, token)
+        ):
+            self.progress.missed(token, instant, reason.value, self.time_left())
         self._telemetry.drop(self.spec.name, reason.value, count)
         logger.debug(
             "job %r dropped %d tick(s) on node %s: %s", self.spec.name, count, self.node, reason
@@ -193,7 +202,7 @@ class JobRunner:
             self._telemetry.drop(self.spec.name, NOT_LEADER)
             return None
         if self._current is not None:
-            self.drop(DropReason.OVERLAP)
+            self.drop(DropReason.OVERLAP, instant=scheduled_at)
             return None
         claim = self.policy.claims_every_instant or (
             not self.policy.after_run and self._claimed_term != token
@@ -409,7 +418,7 @@ class JobRunner:
             begun = DropReason.PAUSED
         resume_in_s = None
         if isinstance(begun, DropReason):
-            self.drop(begun)
+            self.drop(begun, instant=scheduled_at)
         elif first_of_term and self.policy.after_run:
             # A new leader waits out the interval since the previous leader's run.
             resume_in_s = self._put_off(begun.checkpoint)
@@ -507,11 +516,13 @@ class JobRunner:
                     # A pause ends the catch-up: the instants that came are dropped as
                     # paused (as the timer drops those that come while it lasts).
                     self.drop(
-                        DropReason.PAUSED, count_instants(schedule, instant, now, _MAX_COUNTED)
+                        DropReason.PAUSED,
+                        count_instants(schedule, instant, now, _MAX_COUNTED),
+                        instant,
                     )
                     return
                 if is_late(instant, now, grace_s):
-                    self.drop(DropReason.LATE)
+                    self.drop(DropReason.LATE, instant=instant)
                 else:
                     await self.attempt(token, instant, now, claim=True)
                 cursor = instant
@@ -533,15 +544,17 @@ class JobRunner:
             except NotStarted:
                 ran = False
                 span.set_attribute("singletonjob.outcome", DropReason.LEASE_EXPIRED.value)
-                self.drop(DropReason.LEASE_EXPIRED)
+                self.drop(DropReason.LEASE_EXPIRED, instant=ctx.scheduled_at)
             except asyncio.CancelledError:
                 # Cancelled from outside (shutdown, past shutdown_timeout): recorded as such
                 # while the term holds (the election renews it until the record is written),
                 # then the cancel goes on.
-                self._save_outcome(ctx, Outcome.CANCELLED, None, most_s=RECORD_AFTER_CANCEL_S)
+                self._save_outcome(
+                    ctx, Outcome.CANCELLED, None, started, most_s=RECORD_AFTER_CANCEL_S
+                )
                 raise
             else:
-                self._save_outcome(ctx, outcome, error)
+                self._save_outcome(ctx, outcome, error, started)
             finally:
                 if ran:  # the run ends when the job's code returns: the record goes after
                     duration_s = self.clock.monotonic() - started
@@ -553,13 +566,15 @@ class JobRunner:
         ctx: JobContext,
         outcome: Outcome,
         error: BaseException | None,
+        started: float,
         *,
         most_s: float | None = None,
     ) -> None:
-        """Record the run in the checkpoint, fenced (a term that ended writes nothing), off
-        the run path (``Progress.record``), bounded by the time left on the lease (and by
-        ``most_s``). Until the store answers, the job counts as busy for the election: a
-        handover of it waits for its records, so that the successor reads them."""
+        """Record the run (whose code began at monotonic ``started``) in the checkpoint and
+        the history, fenced (a term that ended writes nothing), off the run path
+        (``Progress.record``), bounded by the time left on the lease (and by ``most_s``).
+        Until the store answers, the job counts as busy for the election: a handover of it
+        waits for its records, so that the successor reads them."""
         if self.progress is None:
             return
         timeout_s = self.time_left() if most_s is None else min(self.time_left(), most_s)
@@ -573,6 +588,8 @@ class JobRunner:
             None if error is None else summary(error),
             timeout_s,
             written,
+            started_at=ctx.started_at,
+            duration_s=self.clock.monotonic() - started,
         )
 
     def _written(self, token: int, sent_at: float, answered: bool) -> None:

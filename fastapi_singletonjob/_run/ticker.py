@@ -309,14 +309,14 @@ class Ticker:
         try:
             if following is not None and following <= now:
                 count = count_instants(runner.spec.schedule, due, now, _MAX_COUNTED_TICKS)
-                runner.drop(DropReason.LATE, count)
+                runner.drop(DropReason.LATE, count, due)
                 slot.previous = now
                 self._next_instant(slot)
                 return
             if grace_s is not None and (now - due).total_seconds() > grace_s:
-                runner.drop(DropReason.LATE)
+                runner.drop(DropReason.LATE, instant=due)
             elif runner.lease.paused and runner.lease.token is not None:
-                runner.drop(DropReason.PAUSED)
+                runner.drop(DropReason.PAUSED, instant=due)
             else:
                 started = runner.start(due)
                 catch_up = runner.policy.catch_up and started is None
@@ -334,7 +334,7 @@ class Ticker:
             slot.next_run = None
             return
         if runner.lease.paused:
-            runner.drop(DropReason.PAUSED)
+            runner.drop(DropReason.PAUSED, instant=self._clock.now())
             every_s = runner.policy.period_s or 0.0
             slot.next_run = self._clock.now() + timedelta(seconds=every_s)
             self._arm(slot, every_s)

@@ -27,6 +27,7 @@ from .._checkpoint import (
     Recorded,
     StateSave,
 )
+from .._history import Occurrence
 from .._lock_value import (
     parse_lock_value,
     shown_lock_value,
@@ -259,6 +260,14 @@ class Store(Protocol):
         clock at the writes and each run's ``iteration`` after its write (None: its term is
         over, nothing written). ``ConnectionError`` past ``timeout_s``: then whether the
         writes happened is unknown."""
+        ...
+
+    async def read_history(
+        self, job: str, *, limit: int, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> list[Occurrence]:
+        """The last ``limit`` entries of ``job``'s history (``_history``), newest first: its
+        runs and the instants its leaders did not run, as ``record_runs`` added them; an
+        entry that is not one is left out (and said once)."""
         ...
 
     async def save_state(

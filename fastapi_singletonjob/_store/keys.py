@@ -37,6 +37,12 @@ key                                            type    content
                                                        expires only when no node led its job for a
                                                        whole retention (the job was removed, or the
                                                        fleet was down that long)
+``singletonjob:{<project>}:<job>:history``     list    the job's last runs and missed instants,
+                                                       newest first, one JSON object each
+                                                       (``_history``); written by
+                                                       ``RECORD_RUN`` (fenced, trimmed to the
+                                                       job's ``history``), TTL the checkpoint
+                                                       retention from the last entry
 ``singletonjob:{<project>}:released``          pubsub  a node publishes here when it releases locks
                                                        (the count), and an operator's call when it
                                                        changes a control (``control``): both wake
@@ -94,10 +100,11 @@ __all__ = [
 
 PREFIX = "singletonjob"
 
-JobKey = Literal["lock", "fence", "last", "checkpoint"]
+JobKey = Literal["lock", "fence", "last", "checkpoint", "history"]
 """The keys of one job (``<job>:<kind>`` in the table): ``lock`` its lease, present while some
 node leads it; ``fence`` the last fencing token granted; ``last`` the latest instant a leader
-claimed (started); ``checkpoint`` its checkpoint record (a hash; see ``_checkpoint``)."""
+claimed (started); ``checkpoint`` its checkpoint record (a hash; see ``_checkpoint``);
+``history`` its last occurrences (a list; see ``_history``)."""
 
 ProjectKey = Literal["nodes", "nodes:expiry", "nodes:placement", "controls"]
 """The keys the jobs of one project share: ``nodes`` the hash of the live nodes' membership

@@ -28,6 +28,7 @@ from .._checkpoint import (
     to_unix_us,
 )
 from .._clock import Clock
+from .._history import Occurrence, history_entry, parse_entries
 from .._lock_value import is_lock_value, lock_value, parse_lock_value
 from .._outcomes import Outcome
 from . import keys as _keys
@@ -63,6 +64,9 @@ class _MemoryData:
     listeners: set[ReleaseListener] = field(default_factory=set)
     checkpoints: dict[str, tuple[dict[str, str], float]] = field(default_factory=dict)
     """Per job key: the checkpoint's fields (as the Redis hash holds them) and its expiry."""
+    histories: dict[str, tuple[list[str], float]] = field(default_factory=dict)
+    """Per job key: the history's entries, newest first (as the Redis list holds them), and
+    its expiry."""
     members: dict[str, tuple[str, float]] = field(default_factory=dict)
     """Per project and owner id: the membership record (JSON) and its expiry."""
     controls: dict[str, str] = field(default_factory=dict)
@@ -360,28 +364,58 @@ class MemoryLeaseStore:
         return Recorded(now, [self._record_run(run, to_unix_us(now)) for run in runs])
 
     def _record_run(self, run: FinishedRun, now_us: int) -> int | None:
-        """``RECORD_RUN`` for one run: its job's iteration after the write, None if fenced."""
+        """``RECORD_RUN`` for one run: its job's iteration after the write (0 for a missed
+        instant), None if fenced; and its history entry."""
         run_arg(run)  # the checks of the Redis store's encoding
         record = self._fenced(run.job, run.token)
         if record is None:
             return None
-        success = run.outcome is Outcome.SUCCESS
-        iteration = int(record["iteration"]) + success
         error = shorten_error(run.error)
-        record.update(
-            iteration=str(iteration),
-            last_outcome=run.outcome.value,
-            last_scheduled_us=str(to_unix_us(run.scheduled_at)),
-            last_completed_us=str(now_us),
-            node_id=run.node_id,
-            fencing_token=token_text(run.token),
-        )
-        if success or not error:
-            record.pop("last_error", None)
-        else:
-            record["last_error"] = error
-        self._keep(run.job, record, retention_ms(run.retention_s))
+        retention = retention_ms(run.retention_s)
+        iteration = 0
+        if run.missed is None:
+            success = run.outcome is Outcome.SUCCESS
+            iteration = int(record["iteration"]) + success
+            record.update(
+                iteration=str(iteration),
+                last_outcome=run.outcome.value,
+                last_scheduled_us=str(to_unix_us(run.scheduled_at)),
+                last_completed_us=str(now_us),
+                node_id=run.node_id,
+                fencing_token=token_text(run.token),
+            )
+            if success or not error:
+                record.pop("last_error", None)
+            else:
+                record["last_error"] = error
+            self._keep(run.job, record, retention)
+        if run.history > 0:
+            entry = history_entry(
+                missed=run.missed is not None,
+                scheduled_us=to_unix_us(run.scheduled_at),
+                started_us=0 if run.started_at is None else to_unix_us(run.started_at),
+                duration_us=max(0, round(run.duration_s * 1e6)),
+                recorded_us=now_us,
+                node_id=run.node_id,
+                token=token_text(run.token),
+                outcome=run.outcome.value if run.missed is None else run.missed,
+                error=error,
+            )
+            key = self._key(run.job)
+            entries, _ = self._data.histories.get(key, ([], 0.0))
+            entries = [entry, *entries][: run.history]
+            self._data.histories[key] = (entries, self._clock.monotonic() + int(retention) / 1000)
         return iteration
+
+    async def read_history(
+        self, job: str, *, limit: int, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> list[Occurrence]:
+        """See ``Store.read_history``; ``timeout_s`` is not used (no I/O)."""
+        await asyncio.sleep(0)
+        entries, expiry = self._data.histories.get(self._key(job), ([], 0.0))
+        if expiry <= self._clock.monotonic():
+            return []
+        return parse_entries(job, entries[:limit])
 
     async def save_state(
         self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from .._checkpoint import MAX_ERROR_CHARS, FinishedRun, digits, to_unix_us
 from .._lock_value import MAX_TOKEN
-from .._outcomes import Outcome
+from .._outcomes import DropReason, Outcome
 from .membership import MemberRecord
 
 __all__ = [
@@ -53,13 +53,22 @@ def retention_ms(retention_s: float) -> str:
 
 def run_arg(run: FinishedRun) -> str:
     """The ``ARGV`` entry of ``RECORD_RUN`` for ``run``, checked: one string, so that a call
-    with hundreds of records costs redis-py's encoding three values per record (its two keys
-    and this), not eight: ``"<token> <outcome> <scheduled µs> <retention ms> <node id>"``, a
-    line break and the error, possibly empty (a node id is printable text, without a line
-    break). The run's end is not in it: the store stamps it with its own clock."""
+    with hundreds of records costs redis-py's encoding four values per record (its three keys
+    and this), not ten: ``"<kind> <token> <outcome> <scheduled µs> <retention ms> <started µs>
+    <duration µs> <history> <node id>"``, a line break and the error, possibly empty (a node
+    id is printable text, without a line break). The kind is ``r`` for a run, ``m`` for a
+    missed instant, whose outcome is then the reason. The run's end is not in it: the store
+    stamps it with its own clock."""
+    if run.missed is None:
+        kind, word = "r", Outcome(run.outcome).value
+    else:
+        kind, word = "m", DropReason(run.missed).value
+    started = 0 if run.started_at is None else to_unix_us(run.started_at)
+    duration_us = max(0, round(run.duration_s * 1e6))
     return (
-        f"{token_text(run.token)} {Outcome(run.outcome).value} {to_unix_us(run.scheduled_at)} "
-        f"{retention_ms(run.retention_s)} {run.node_id}\n{shorten_error(run.error)}"
+        f"{kind} {token_text(run.token)} {word} {to_unix_us(run.scheduled_at)} "
+        f"{retention_ms(run.retention_s)} {started} {duration_us} {int(run.history)} "
+        f"{run.node_id}\n{shorten_error(run.error)}"
     )
 
 

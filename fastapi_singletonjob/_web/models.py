@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from .._checkpoint import Checkpoint
+from .._history import MISSED_REASONS, Occurrence
 from .._outcomes import DropReason, Outcome
 
 __all__ = [
@@ -66,6 +67,48 @@ class CheckpointStatus(BaseModel):
         """The status form of ``checkpoint``."""
         fields = {f.name: getattr(checkpoint, f.name) for f in dataclasses.fields(checkpoint)}
         return cls(**{**fields, "has_state": fields.pop("state") is not None})
+
+
+class HistoryEntry(BaseModel):
+    """One occurrence of a job: a run, or an instant its leader did not run, and why."""
+
+    scheduled_at: datetime = Field(description="The run's tick or cron instant.")
+    kind: Literal["run", "missed"]
+    node_id: str = Field(description="The node that ran it, or did not.")
+    fencing_token: int = Field(description="The leadership term it belongs to.")
+    recorded_at: datetime = Field(description="When Redis recorded it (Redis's clock).")
+    started_at: datetime | None = Field(None, description="When the run's code began.")
+    duration_s: float | None = Field(None, description="How long the run took.")
+    outcome: Outcome | None = Field(None, description="How the run ended.")
+    reason: DropReason | None = Field(None, description="Why the instant did not run.")
+    reason_text: str | None = Field(None, description="That reason, in a line.")
+    error: str | None = Field(None, description="The run's error, shortened.")
+
+    @classmethod
+    def of(cls, occurrence: Occurrence) -> HistoryEntry:
+        """The response form of ``occurrence``."""
+        reason = occurrence.reason
+        return cls(
+            scheduled_at=occurrence.scheduled_at,
+            kind="missed" if occurrence.missed else "run",
+            node_id=occurrence.node_id,
+            fencing_token=occurrence.fencing_token,
+            recorded_at=occurrence.recorded_at,
+            started_at=occurrence.started_at,
+            duration_s=occurrence.duration_s,
+            outcome=None if occurrence.outcome is None else Outcome(occurrence.outcome),
+            reason=None if reason is None else DropReason(reason),
+            reason_text=None if reason is None else MISSED_REASONS.get(reason),
+            error=occurrence.error,
+        )
+
+
+class JobHistory(BaseModel):
+    """A job's last occurrences as stored in Redis, newest first: the same from every
+    replica (``GET {prefix}/jobs/{name}/history``)."""
+
+    job: str
+    entries: list[HistoryEntry]
 
 
 class JobStatus(BaseModel):

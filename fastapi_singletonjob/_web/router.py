@@ -11,11 +11,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Response, status
+from fastapi import APIRouter, HTTPException, Query, Response, status
 
+from .._history import DEFAULT_HISTORY, MAX_HISTORY
 from .._store.base import STORE_ERRORS
 from .health import liveness, readiness
-from .models import ClusterStatus, Health, HealthStatus, JobReport, JobsHealth, NodeStatus
+from .models import (
+    ClusterStatus,
+    Health,
+    HealthStatus,
+    HistoryEntry,
+    JobHistory,
+    JobReport,
+    JobsHealth,
+    NodeStatus,
+)
 from .source import StatusSource
 from .views import add_checkpoints, job_report, jobs_health, node_status
 
@@ -58,6 +68,34 @@ def create_router(jobs: StatusSource) -> APIRouter:
         snapshot = node_status(jobs, only=name)
         await add_checkpoints(jobs, snapshot.jobs)
         return job_report(snapshot)
+
+    @router.get(
+        "/jobs/{name}/history",
+        response_model=JobHistory,
+        summary="One job's last runs and missed instants",
+        responses={
+            status.HTTP_404_NOT_FOUND: {"description": "No job of that name"},
+            status.HTTP_503_SERVICE_UNAVAILABLE: {"description": "Redis did not answer"},
+        },
+    )
+    async def job_history(
+        name: str, limit: int = Query(DEFAULT_HISTORY, ge=1, le=MAX_HISTORY)
+    ) -> JobHistory:
+        """The job's last `limit` occurrences as stored in Redis, newest first, the same from
+        every replica: each run (instant, start, duration, node, fencing token, outcome,
+        error) and each instant its leader did not run, with the reason."""
+        if name not in jobs.jobs:
+            known = ", ".join(sorted(jobs.jobs)) or "none"
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, f"no job named {name!r}; known jobs: {known}"
+            )
+        try:
+            entries = await jobs.history(name, limit)
+        except STORE_ERRORS as exc:
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis did not answer: {type(exc).__name__}"
+            ) from None
+        return JobHistory(job=name, entries=[HistoryEntry.of(entry) for entry in entries])
 
     @router.get("/cluster", response_model=ClusterStatus, summary="Every node and job")
     async def cluster() -> ClusterStatus:

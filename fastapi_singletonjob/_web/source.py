@@ -11,6 +11,7 @@ from typing import Protocol
 from .._checkpoint import Checkpoint
 from .._config.settings import Settings
 from .._engine.snapshot import EngineSnapshot
+from .._history import Occurrence
 from .._job.spec import JobSpec
 from .models import ClusterStatus
 
@@ -47,6 +48,10 @@ class StatusSource(Protocol):
 
     async def cluster_status(self) -> ClusterStatus:
         """Every live node and every job of the project, as stored."""
+        ...
+
+    async def history(self, job: str, limit: int) -> list[Occurrence]:
+        """``job``'s last ``limit`` occurrences as stored, newest first."""
         ...
 
     async def probe_store(self, within_s: float) -> bool:

@@ -65,6 +65,7 @@ from fastapi_singletonjob._checkpoint import Checkpoint, Recorded
 from fastapi_singletonjob._config.settings import Settings
 from fastapi_singletonjob._election.lease import Lease
 from fastapi_singletonjob._engine.engine import Engine
+from fastapi_singletonjob._history import Occurrence
 from fastapi_singletonjob._job.context import JobContext
 from fastapi_singletonjob._job.spec import JobSpec
 from fastapi_singletonjob._lock_value import is_lock_value
@@ -716,6 +717,9 @@ class NodeStore:
 
     async def read_checkpoint(self, *args: object, **kwargs: object) -> Checkpoint | None:
         raise AssertionError("the simulated jobs keep no checkpoint")
+
+    async def read_history(self, *args: object, **kwargs: object) -> list[Occurrence]:
+        raise AssertionError("the simulated jobs keep no checkpoint, and so no history")
 
     async def load_checkpoint(
         self, *args: object, **kwargs: object

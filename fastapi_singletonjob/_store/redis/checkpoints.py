@@ -23,6 +23,8 @@ from ..._checkpoint import (
     not_a_record,
 )
 from ..._clock import Clock
+from ..._history import Occurrence, parse_entries
+from ..._odd import odd_type
 from .. import keys as _keys
 from ..records import retention_ms, run_arg, token_text
 from . import scripts as _scripts
@@ -185,11 +187,31 @@ class RedisCheckpoints:
         return [_keys.job_key(self._project, job, kind) for kind in ("lock", "checkpoint")]
 
     def _run_keys(self, job: str) -> list[bytes]:
-        """``_keys``, encoded once per job: a record's keys cost redis-py no encoding."""
+        """``KEYS`` of ``RECORD_RUN`` for ``job`` (its lock, checkpoint and history), encoded
+        once per job: a record's keys cost redis-py no encoding."""
         keys = self._job_keys.get(job)
         if keys is None:
-            keys = self._job_keys[job] = [key.encode() for key in self._keys(job)]
+            names = [*self._keys(job), _keys.job_key(self._project, job, "history")]
+            keys = self._job_keys[job] = [key.encode() for key in names]
         return keys
+
+    async def read_history(
+        self, job: str, *, limit: int, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> list[Occurrence]:
+        """See ``Store.read_history``: one ``LRANGE``."""
+        key = _keys.job_key(self._project, job, "history")
+        try:
+            raw: list[bytes] = await self._call(
+                f"read the history of job {job!r}",
+                self._topology.calls.lrange(key, 0, max(limit, 1) - 1),
+                timeout_s,
+            )
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            odd_type(key, "read as no history; the next run's record replaces it")
+            return []
+        return parse_entries(job, raw)[:limit]
 
     async def _call(self, what: str, call: Awaitable[Any], timeout_s: float) -> Any:
         """Await ``call``; ``ConnectionError`` past ``timeout_s`` (its connection dropped:

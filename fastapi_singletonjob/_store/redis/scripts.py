@@ -585,25 +585,31 @@ local function fenced(lock, record, token)
 end
 """
 
-# Record finished runs in their jobs' checkpoints, each if its caller's term still holds the
-# job's lock: the runs that ended on one node in one turn of its event loop, or while its
-# previous call was in flight, sent together (one round trip however many jobs share an
-# instant; a job may come more than once, its runs in the order they ended).
+# Record finished runs in their jobs' checkpoints and histories, each if its caller's term
+# still holds the job's lock: the runs that ended on one node in one turn of its event loop,
+# or while its previous call was in flight, sent together (one round trip however many jobs
+# share an instant; a job may come more than once, its runs in the order they ended). An
+# instant the leader did not run is sent the same way, for the history alone.
 #
-# KEYS[2i-1] - lock key of run i's job        KEYS[2i] - checkpoint key of run i's job
+# KEYS[3i-2] - lock key of run i's job    KEYS[3i-1] - its checkpoint key    KEYS[3i] - its
+#              history key (a list, newest first: ``_history``)
 # ARGV[i]    - run i, one string (``_store.records.run_arg``: one value per run keeps the
-#              client's encoding cheap): "<fencing token> <outcome> <scheduled µs> <retention
-#              ms> <node id>", a line break, then the error, already shortened ("" for none);
-#              the outcome is "success", "failed", "timeout" or "cancelled"
+#              client's encoding cheap): "<kind> <fencing token> <outcome> <scheduled µs>
+#              <retention ms> <started µs> <duration µs> <history>  <node id>", a line break,
+#              then the error, already shortened ("" for none). The kind is "r" (a run: the
+#              outcome is "success", "failed", "timeout" or "cancelled") or "m" (a missed
+#              instant: the outcome is its reason, and only the history changes); <history>
+#              is how many entries the job's history keeps (0: none, nothing added)
 #
 # Returns one string: the server time of the writes in µs (the records' "last_completed_us"),
 # then, comma-separated, one value per run, in order: "-1" (nothing written) when the term no
-# longer holds the lock, else the record's "iteration" after the write (exact up to 2^63 - 1).
-# The caller knows the other fields, which it sent; one small reply keeps the client's parsing
-# cheap. A success adds one to "iteration" and clears "last_error"; any other outcome keeps
-# "iteration" (and every run keeps "state"). All fields are strings, so µs times and tokens
-# stay exact. Each write sets the record's expiry to the retention; ELECT is to refresh it
-# while a node leads the job.
+# longer holds the lock, else the record's "iteration" after the write (exact up to 2^63 - 1;
+# "0" for a missed instant). The caller knows the other fields, which it sent; one small
+# reply keeps the client's parsing cheap. A success adds one to "iteration" and clears
+# "last_error"; any other outcome keeps "iteration" (and every run keeps "state"). All fields
+# are strings, so µs times and tokens stay exact. Each write sets the record's (and the
+# history's) expiry to the retention; ELECT is to refresh the record's while a node leads the
+# job. A history key of another type is replaced.
 #
 # "last_completed_us" is the server clock (TIME) when the run is recorded, never the caller's:
 # a new leader measures the time since it on the same clock (``Store.load_checkpoint``), so an
@@ -613,23 +619,51 @@ RECORD_RUN = (
     + """
 local t = redis.call('TIME')
 local now_us = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+local function note(key, keep, retention, entry)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'none' and kind ~= 'list' then
+    redis.call('DEL', key)
+  end
+  redis.call('LPUSH', key, entry)
+  redis.call('LTRIM', key, 0, keep - 1)
+  redis.call('PEXPIRE', key, retention)
+end
 local out = {now_us}
-for i = 1, #KEYS / 2 do
-  local lock, record = KEYS[2 * i - 1], KEYS[2 * i]
-  local token, outcome, scheduled, retention, node, err =
-    string.match(ARGV[i], '^(%d+) (%a+) (%d+) (%d+) ([^\\n]*)\\n(.*)$')
+for i = 1, #KEYS / 3 do
+  local lock, record, history = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local kind, token, outcome, scheduled, retention, started, took, keep, node, err =
+    string.match(ARGV[i],
+      '^([rm]) (%d+) ([%a_]+) (%d+) (%d+) (%d+) (%d+) (%d+) ([^\\n]*)\\n(.*)$')
   if token and fenced(lock, record, token) then
-    local success = outcome == 'success'
-    redis.call('HINCRBY', record, 'iteration', success and 1 or 0)
-    redis.call('HSET', record, 'last_outcome', outcome, 'last_scheduled_us', scheduled,
-      'last_completed_us', now_us, 'node_id', node, 'fencing_token', token)
-    if success or err == '' then
-      redis.call('HDEL', record, 'last_error')
-    else
-      redis.call('HSET', record, 'last_error', err)
+    keep = tonumber(keep)
+    local entry = '{"k":"' .. (kind == 'r' and 'run' or 'missed') .. '","at":' .. scheduled
+    if kind == 'r' then
+      entry = entry .. ',"st":' .. started .. ',"d":' .. took
     end
-    redis.call('PEXPIRE', record, retention)
-    out[i + 1] = redis.call('HGET', record, 'iteration')
+    entry = entry .. ',"end":' .. now_us .. ',"n":' .. cjson.encode(node) .. ',"t":"' ..
+      token .. '","o":"' .. outcome .. '"'
+    if err ~= '' then
+      entry = entry .. ',"e":' .. cjson.encode(err)
+    end
+    entry = entry .. '}'
+    if kind == 'r' then
+      local success = outcome == 'success'
+      redis.call('HINCRBY', record, 'iteration', success and 1 or 0)
+      redis.call('HSET', record, 'last_outcome', outcome, 'last_scheduled_us', scheduled,
+        'last_completed_us', now_us, 'node_id', node, 'fencing_token', token)
+      if success or err == '' then
+        redis.call('HDEL', record, 'last_error')
+      else
+        redis.call('HSET', record, 'last_error', err)
+      end
+      redis.call('PEXPIRE', record, retention)
+      out[i + 1] = redis.call('HGET', record, 'iteration')
+    else
+      out[i + 1] = '0'
+    end
+    if keep > 0 then
+      note(history, keep, retention, entry)
+    end
   else
     out[i + 1] = '-1'
   end

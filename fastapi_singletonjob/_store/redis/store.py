@@ -32,6 +32,7 @@ from ..._checkpoint import (
     StateSave,
 )
 from ..._clock import SYSTEM_CLOCK, Clock
+from ..._history import Occurrence
 from ..._lock_value import is_lock_value
 from .. import keys as _keys
 from ..base import (
@@ -252,6 +253,12 @@ class RedisStore:
     ) -> Recorded:
         """See ``Store.record_runs`` and ``RedisCheckpoints.record_runs``."""
         return await self._checkpoints.record_runs(runs, timeout_s=timeout_s)
+
+    async def read_history(
+        self, job: str, *, limit: int, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    ) -> list[Occurrence]:
+        """See ``Store.read_history`` and ``RedisCheckpoints.read_history``."""
+        return await self._checkpoints.read_history(job, limit=limit, timeout_s=timeout_s)
 
     async def save_state(
         self, save: StateSave, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
