@@ -39,6 +39,29 @@ def slow_records(jobs: SingletonJobs, clock: FakeClock, delay_s: float) -> list[
     return calls
 
 
+async def two_counting_nodes(
+    make: Factory, clock: FakeClock, seen: list[tuple[str, int]]
+) -> tuple[SingletonJobs, SingletonJobs]:
+    """Nodes a and b, each with a job ``count`` every second that notes (node, iteration) in
+    ``seen``; started 0.5 s apart, then 2 s of runs, a leading."""
+
+    def define(node: str) -> SingletonJobs:
+        jobs = make(node, lock_expiry=10.0)
+
+        @jobs.fixed_rate("count", every=1.0)
+        async def count(ctx: JobContext) -> None:
+            seen.append((ctx.node_id, ctx.iteration))
+
+        return jobs
+
+    a, b = define("a"), define("b")
+    await a.start()
+    await clock.advance(0.5)
+    await b.start()
+    await clock.advance(2.0)
+    return a, b
+
+
 async def test_a_record_in_flight_never_delays_the_next_tick(
     make: Factory, clock: FakeClock
 ) -> None:
@@ -95,21 +118,7 @@ async def test_a_graceful_handover_hands_the_last_record_to_the_successor(
     """Node a stops while its last record is still on its way: its lock is released only
     once the record is written, so b's first run continues the count exactly."""
     seen: list[tuple[str, int]] = []
-
-    def define(node: str) -> SingletonJobs:
-        jobs = make(node, lock_expiry=10.0)
-
-        @jobs.fixed_rate("count", every=1.0)
-        async def count(ctx: JobContext) -> None:
-            seen.append((ctx.node_id, ctx.iteration))
-
-        return jobs
-
-    a, b = define("a"), define("b")
-    await a.start()
-    await clock.advance(0.5)
-    await b.start()
-    await clock.advance(2.0)
+    a, b = await two_counting_nodes(make, clock, seen)
     assert {node for node, _ in seen} == {"a"}
     calls = slow_records(a, clock, delay_s=0.8)
     await clock.advance(1.0)  # a run whose record is still in flight
@@ -125,21 +134,7 @@ async def test_a_graceful_handover_hands_the_last_record_to_the_successor(
 async def test_a_step_down_waits_for_the_record_in_flight(make: Factory, clock: FakeClock) -> None:
     """An operator's step-down hands the job over after its record is written, not before."""
     seen: list[tuple[str, int]] = []
-
-    def define(node: str) -> SingletonJobs:
-        jobs = make(node, lock_expiry=10.0)
-
-        @jobs.fixed_rate("count", every=1.0)
-        async def count(ctx: JobContext) -> None:
-            seen.append((ctx.node_id, ctx.iteration))
-
-        return jobs
-
-    a, b = define("a"), define("b")
-    await a.start()
-    await clock.advance(0.5)
-    await b.start()
-    await clock.advance(2.0)
+    a, b = await two_counting_nodes(make, clock, seen)
     slow_records(a, clock, delay_s=0.9)
     await clock.advance(1.0)
     assert engine(a).runners["count"].unwritten == 1
