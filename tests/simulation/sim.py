@@ -1342,9 +1342,10 @@ class Simulation:
         and clock sound, for ``LIVENESS_LEAD_S`` and on), every job runs: no stretch of a
         job's schedule with no run of it started or in flight lasts longer than
         ``liveness_bound_s`` within such a span (a job busy with a long run counts as run;
-        a "finish" run only until its leadership was lost)."""
+        a "finish" run only until its leadership was lost), plus a lock expiry and a
+        heartbeat per unhealthy leader after the first that the job passed through
+        (``_chain_allowance``)."""
         for job, kind in zip(self.job_names, (j.kind for j in self.scenario.jobs), strict=True):
-            bound = liveness_bound_s(kind)
             idle = _gaps(
                 [(r.start, r.counted_until(end)) for r in self.runs if r.job == job], 0.0, end
             )
@@ -1352,6 +1353,7 @@ class Simulation:
                 for h0, h1 in _gaps(node.down + node.sick + self.excused_idle[job], 0.0, end):
                     healthy_from = h0 + LIVENESS_LEAD_S if h0 > 0 else h0
                     for i0, i1 in idle:
+                        bound = liveness_bound_s(kind) + self._chain_allowance(job, i0, i1)
                         start, stop = max(i0, healthy_from), min(i1, h1)
                         if stop - start > bound:
                             self.violations.append(
@@ -1365,6 +1367,26 @@ class Simulation:
                                 )
                             )
                             return
+
+    def _chain_allowance(self, job: str, start: float, end: float) -> float:
+        """What invariant (g) allows beyond its bound for ``[start, end]``: a lock expiry
+        and a heartbeat for each unhealthy node after the first that led ``job`` in it. The
+        promise is per gray leader: each one the job passes to costs up to a lock expiry
+        before it lets go, and a healthy node may lose the race for the job to a gray one."""
+        terms = sorted(self.terms[job], key=lambda term: term[2])
+        holders = {node for _, node, at, _ in terms if start < at < end}
+        before = [node for _, node, at, _ in terms if at <= start]
+        if before:
+            holders.add(before[-1])
+        sick = [
+            name
+            for name in holders
+            if any(
+                s0 < end and s1 > start
+                for s0, s1 in self.node_named[name].sick + self.node_named[name].down
+            )
+        ]
+        return max(0, len(sick) - 1) * (TTL_S + HEARTBEAT_S)
 
     # faults
 
