@@ -188,6 +188,7 @@ class Invoker:
                         ctx.job,
                         ctx.iteration,
                     ),
+                    clock=self._clock,
                 )
         except (SystemExit, KeyboardInterrupt) as exc:
             # Let through, these would stop the event loop and so the whole service:

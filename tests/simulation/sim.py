@@ -1355,7 +1355,7 @@ class Simulation:
                     for i0, i1 in idle:
                         bound = liveness_bound_s(kind) + self._chain_allowance(job, i0, i1)
                         start, stop = max(i0, healthy_from), min(i1, h1)
-                        if stop - start > bound:
+                        if stop - start > bound + SLACK_S:
                             self.violations.append(
                                 Violation(
                                     start + bound,
