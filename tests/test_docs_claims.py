@@ -5,12 +5,14 @@ said otherwise before: ``iteration`` was "runs started by this node", catch-up "
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from redis.asyncio import RedisCluster
 
 from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob._config.settings import ENV_PREFIX, ENV_SETTINGS
 from fastapi_singletonjob._store.open import open_store
 from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore
 from fastapi_singletonjob.testing import FakeClock
@@ -106,3 +108,26 @@ async def test_redis_cluster_is_documented_as_supported() -> None:
     design = text("docs/design.md")
     assert "Redis Cluster is not supported" not in design
     assert "Redis Cluster puts a project on one shard" in design
+
+
+# Misspellings that tests and docs show on purpose, as what the library warns of.
+UNKNOWN_ON_PURPOSE = {"SINGLETONJOB_LOCKEXPIRY", "SINGLETONJOB_COLOUR", "SINGLETONJOB_HAS_CLIENT"}
+
+
+def test_the_harness_variables_are_not_the_librarys() -> None:
+    """The test and bench harness's own variables use a prefix the library does not own
+    (``SJTEST_``): a ``SINGLETONJOB_*`` one made the library warn of an unknown variable inside
+    the nox sessions that set it. Every ``SINGLETONJOB_*`` name in the tests, the bench, the
+    noxfile, CI and the docs is a setting (or a misspelling shown on purpose)."""
+    settings = {ENV_PREFIX + name.upper() for name in ENV_SETTINGS}
+    places = [ROOT / "noxfile.py", ROOT / ".ci" / "run", ROOT / "README.md"]
+    for folder, pattern in (("tests", "*.py"), ("bench", "*.py"), ("docs", "*.md")):
+        places += sorted((ROOT / folder).rglob(pattern))
+    found = {
+        (name, str(place.relative_to(ROOT)))
+        for place in places
+        for name in re.findall(r"\bSINGLETONJOB_[A-Z][A-Z0-9_]*", place.read_text("utf-8"))
+    }
+    strays = sorted(f"{name} in {place}" for name, place in found if name not in settings)
+    assert [s for s in strays if s.split()[0] not in UNKNOWN_ON_PURPOSE] == []
+    assert any(name == "SINGLETONJOB_REDIS_URL" for name, _ in found), "the scan reads the files"
