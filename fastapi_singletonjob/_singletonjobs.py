@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, TypeVar
 
@@ -20,6 +21,7 @@ from ._checkpoint import Checkpoint
 from ._clock import SYSTEM_CLOCK, Clock
 from ._config.redact import redact_url
 from ._config.settings import Duration, Settings, is_name
+from ._config.workers import memory_store_warning, this_process
 from ._engine.engine import Engine
 from ._engine.snapshot import EngineSnapshot
 from ._errors import ConfigurationError, UsageError
@@ -461,6 +463,20 @@ class SingletonJobs:
             f" ({len(disabled)} disabled: {', '.join(disabled)})" if disabled else "",
             store,
         )
+        self._warn_of_a_memory_store()
+
+    def _warn_of_a_memory_store(self) -> None:
+        """``memory://`` on the system clock is an application's store, not a test's: say that
+        it elects within this process only, at ERROR when this process is one of several
+        workers of a server (each runs every job). On an injected clock it is a simulation."""
+        url = self.settings.redis_url
+        if self._client is not None or url is None or not url.startswith("memory:"):
+            return
+        if self._clock is not SYSTEM_CLOCK:
+            return
+        workers = this_process()
+        level = logging.WARNING if workers is None else logging.ERROR
+        logger.log(level, "%s", memory_store_warning(url, workers, os.getpid()))
 
     async def stop(self) -> None:
         """Stop ticking, drain runs, release the locks, close what the library opened."""
