@@ -116,6 +116,7 @@ def _store_status(source: StatusSource, snap: EngineSnapshot | None) -> StoreSta
         round_trip_ms=None if store.round_trip_s is None else round(store.round_trip_s * 1e3, 3),
         consecutive_failures=store.failures,
         error=store.last_error,
+        refused=store.refused,
     )
 
 
