@@ -60,7 +60,9 @@ class SingletonJobs:
     ``SINGLETONJOB_PROJECT``, ``SINGLETONJOB_NODE_ID``, ``SINGLETONJOB_HEARTBEAT_INTERVAL``,
     ``SINGLETONJOB_LOCK_EXPIRY``, ``SINGLETONJOB_MAX_BACKOFF``,
     ``SINGLETONJOB_SHUTDOWN_TIMEOUT``, ``SINGLETONJOB_PRECISION``,
-    ``SINGLETONJOB_CHECKPOINT_RETENTION``, durations in seconds); explicit arguments win.
+    ``SINGLETONJOB_CHECKPOINT_RETENTION``, ``SINGLETONJOB_PLACEMENT``, ``SINGLETONJOB_HISTORY``;
+    durations in seconds); explicit arguments win. A ``SINGLETONJOB_*`` variable that is none
+    of these is warned of at startup.
 
     :param redis_url: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://host:port,...``
         (Redis Cluster), or ``memory://`` (one process only, for development and tests).
