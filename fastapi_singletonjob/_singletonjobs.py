@@ -37,6 +37,7 @@ from ._job.spec import (
     fixed_rate_schedule,
     interval_schedule,
 )
+from ._outcomes import JobStats
 from ._schedule import Schedule
 from ._store.base import Store
 from ._store.open import open_store
@@ -154,6 +155,8 @@ class SingletonJobs:
             history=history,
         )
         self._client = redis
+        self._kept: dict[str, JobStats] | None = None
+        """Each job's counters and last run as the last stop left them (``status()``)."""
         self._clock: Clock = clock or SYSTEM_CLOCK
         self._specs: dict[str, JobSpec] = {}
         self._engine: Engine | None = None
@@ -245,7 +248,7 @@ class SingletonJobs:
         """A snapshot of this node and its jobs (or only ``job``), as the router serves it."""
         if job is not None:
             require_registered(job, self._specs)
-        return node_status(StatusView(self), only=job)
+        return node_status(StatusView(self), only=job, kept=self._kept)
 
     async def checkpoint(self, job: str) -> Checkpoint | None:
         """``job``'s checkpoint as stored, the same from every replica; None before its first
@@ -493,6 +496,10 @@ class SingletonJobs:
             await asyncio.shield(engine.abort())
             raise
         finally:
+            # What the runs did stays in status() until the next start: a test that stops
+            # the node and then reads its counters sees them (they showed no runs).
+            with contextlib.suppress(Exception):  # never hide why stop() failed
+                self._kept = {name: job.stats for name, job in engine.snapshot().jobs.items()}
             self._engine = None
             logger.info("singletonjob node %s stopped", self.node_id)
 

@@ -783,3 +783,28 @@ def test_the_web_layer_imports_neither_the_facade_nor_the_engine() -> None:
                 if names & forbidden:
                     found.append((path.name, module))
     assert found == []
+
+
+async def test_status_after_stop_keeps_what_the_runs_did() -> None:
+    """``status()`` after ``stop()`` showed no runs (issue 29, item 11): a test that stops the
+    node and then reads its counters saw zeros. They stay until the next start, which counts
+    from zero again ("since startup"); nothing is running or due."""
+    clock = FakeClock(datetime(2026, 3, 1, tzinfo=UTC))
+    jobs = SingletonJobs("memory://router-after-stop", project="after-stop", clock=clock)
+
+    @jobs.interval("sweep", every=1.0)
+    async def sweep() -> None:
+        pass
+
+    await jobs.start()
+    await clock.advance(3.5)
+    await jobs.stop()
+    status = jobs.status()
+    (job,) = status.jobs
+    assert (status.started, status.state) == (False, "stopped")
+    assert job.runs == 4 and job.last_run is not None and job.last_run.outcome == "success"
+    assert job.next_run is None and not job.running and not job.is_leader
+    assert jobs.status("sweep").jobs[0].runs == 4
+    await jobs.start()
+    assert jobs.status().jobs[0].runs in (0, 1)  # the new engine's own count
+    await jobs.stop()
