@@ -40,6 +40,10 @@ NOTICE_BURST = 2
 one per heartbeat (``NoticeBudget``)."""
 
 
+_CLAIM_ROUND_TRIPS = 3
+"""A claim waits at least this many of the election's last round trips (``Elector.claim``)."""
+
+
 class NoticeBudget:
     """How many extra rounds the release channel may still wake: a token bucket of
     ``NOTICE_BURST`` rounds, refilled one per heartbeat. Whatever arrives on the channel (a
@@ -214,15 +218,19 @@ class Elector:
 
     async def claim(self, job: str, token: int, instant_us: int) -> ClaimResult | None:
         """Claim ``job``'s instant for this node's term ``token`` (see ``Store.claim``);
-        None when the store did not answer within the time left on the lease."""
+        None when the store did not answer within a heartbeat (three of the election's round
+        trips if longer: a Redis far away; the time left on the lease if less)."""
         lease = self.leases[job]
         left = lease.deadline - self._clock.monotonic()
         if lease.token != token or lease.value is None or left <= 0:
             return ClaimResult.NOT_HOLDER
+        # A heartbeat: the claims that fire together go in one call, which the store answers
+        # in milliseconds; a claim whose request or reply was lost is retried then (and
+        # recognised as this term's own), not after the whole lease (a lock expiry of
+        # instants lost to one lost packet). The store's own bound drops a connection that
+        # does not answer in time.
+        left = min(left, max(self._heartbeat_s, _CLAIM_ROUND_TRIPS * (self.round_trip_s or 0)))
         try:
-            # Bounded by the lease alone: claims that fire together queue for a connection,
-            # and a claim retried after a lost reply is recognised as this term's own. The
-            # store's own bound drops a connection that does not answer in time.
             claim = self._store.claim(job, lease.value, instant_us, timeout_s=left)
             return await within(claim, left)
         except Exception as exc:
@@ -236,7 +244,7 @@ class Elector:
         step-down (``Terms.let_go``), in a round at once once no run is in flight."""
         self.terms.let_go(job, cause)
         if not self.leases[job].running:
-            self._wake.ring()
+            self._round_now()
 
     def run_started(self, job: str) -> None:
         """A run of ``job`` started (the watchdog: see ``lost_awaited``)."""

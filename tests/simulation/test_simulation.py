@@ -55,6 +55,9 @@ MAX_NODES = 4 if SIMULATE else 3
 STORE_FAULTS: tuple[FaultKind, ...] = (
     "slow_reply", "lost_reply", "lost_request", "restart", "delete", "foreign"
 )  # fmt: skip
+GRAY_FAULTS: tuple[FaultKind, ...] = ("silent", "claims_down", "lost_reply", "slow_reply")
+"""Faults with no error: a flow gone silent, claims that never return while the election is
+answered, a reply that never comes or comes late."""
 NODE_FAULTS: tuple[FaultKind, ...] = (
     "wall_step", "pause", "suspend", "stop", "crash", "start"
 )  # fmt: skip
@@ -84,6 +87,10 @@ class StaleStartViolation(AssertionError):
     """(f) a job's code started without a valid lease."""
 
 
+class LivenessViolation(AssertionError):
+    """(g) a job ran nowhere for longer than the bound while a node was healthy."""
+
+
 _ERRORS: dict[str, type[AssertionError]] = {
     "overlap": OverlapViolation,
     "token": TokenViolation,
@@ -91,6 +98,7 @@ _ERRORS: dict[str, type[AssertionError]] = {
     "late_lost": LateLostViolation,
     "loop_died": LoopDiedViolation,
     "stale_start": StaleStartViolation,
+    "liveness": LivenessViolation,
 }
 
 
@@ -134,6 +142,8 @@ _RANGES: dict[FaultKind, tuple[float, float]] = {
     "wall_step": (-2.0, 2.0),
     "pause": (0.0, 2.0),
     "suspend": (0.0, 3.0),
+    "silent": (0.0, 3.0),  # how long the flow stays silent
+    "claims_down": (0.0, 3.0),  # how long the claims go unanswered
 }
 """``Fault.value`` of the kinds that have one, from a fraction in [-1, 1]."""
 _FLAGS: dict[FaultKind, tuple[str, ...]] = {
@@ -187,7 +197,16 @@ def test_node_faults(scenario: Scenario) -> None:
 
 
 @settings(PROFILE)
-@given(scenarios(STORE_FAULTS + NODE_FAULTS))
+@given(scenarios(GRAY_FAULTS))
+def test_gray_faults(scenario: Scenario) -> None:
+    """Gray failures: a node's flow to the store goes silent (no error, no reply), its claims
+    go unanswered while its election is answered, replies lost or late. Invariant (g) holds
+    the others to running every job meanwhile."""
+    check(scenario)
+
+
+@settings(PROFILE)
+@given(scenarios(STORE_FAULTS + GRAY_FAULTS + NODE_FAULTS))
 def test_all_faults(scenario: Scenario) -> None:
     """Every kind of fault, mixed."""
     check(scenario)
