@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, TypeVar
 
@@ -20,6 +21,7 @@ from ._checkpoint import Checkpoint
 from ._clock import SYSTEM_CLOCK, Clock
 from ._config.redact import redact_url
 from ._config.settings import Duration, Settings, is_name
+from ._config.workers import memory_store_warning, this_process
 from ._engine.engine import Engine
 from ._engine.snapshot import EngineSnapshot
 from ._errors import ConfigurationError, UsageError
@@ -35,6 +37,7 @@ from ._job.spec import (
     fixed_rate_schedule,
     interval_schedule,
 )
+from ._outcomes import JobStats
 from ._schedule import Schedule
 from ._store.base import Store
 from ._store.open import open_store
@@ -58,7 +61,9 @@ class SingletonJobs:
     ``SINGLETONJOB_PROJECT``, ``SINGLETONJOB_NODE_ID``, ``SINGLETONJOB_HEARTBEAT_INTERVAL``,
     ``SINGLETONJOB_LOCK_EXPIRY``, ``SINGLETONJOB_MAX_BACKOFF``,
     ``SINGLETONJOB_SHUTDOWN_TIMEOUT``, ``SINGLETONJOB_PRECISION``,
-    ``SINGLETONJOB_CHECKPOINT_RETENTION``, durations in seconds); explicit arguments win.
+    ``SINGLETONJOB_CHECKPOINT_RETENTION``, ``SINGLETONJOB_PLACEMENT``, ``SINGLETONJOB_HISTORY``;
+    durations in seconds); explicit arguments win. A ``SINGLETONJOB_*`` variable that is none
+    of these is warned of at startup.
 
     :param redis_url: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://host:port,...``
         (Redis Cluster), or ``memory://`` (one process only, for development and tests).
@@ -150,6 +155,8 @@ class SingletonJobs:
             history=history,
         )
         self._client = redis
+        self._kept: dict[str, JobStats] | None = None
+        """Each job's counters and last run as the last stop left them (``status()``)."""
         self._clock: Clock = clock or SYSTEM_CLOCK
         self._specs: dict[str, JobSpec] = {}
         self._engine: Engine | None = None
@@ -241,7 +248,7 @@ class SingletonJobs:
         """A snapshot of this node and its jobs (or only ``job``), as the router serves it."""
         if job is not None:
             require_registered(job, self._specs)
-        return node_status(StatusView(self), only=job)
+        return node_status(StatusView(self), only=job, kept=self._kept)
 
     async def checkpoint(self, job: str) -> Checkpoint | None:
         """``job``'s checkpoint as stored, the same from every replica; None before its first
@@ -461,6 +468,20 @@ class SingletonJobs:
             f" ({len(disabled)} disabled: {', '.join(disabled)})" if disabled else "",
             store,
         )
+        self._warn_of_a_memory_store()
+
+    def _warn_of_a_memory_store(self) -> None:
+        """``memory://`` on the system clock is an application's store, not a test's: say that
+        it elects within this process only, at ERROR when this process is one of several
+        workers of a server (each runs every job). On an injected clock it is a simulation."""
+        url = self.settings.redis_url
+        if self._client is not None or url is None or not url.startswith("memory:"):
+            return
+        if self._clock is not SYSTEM_CLOCK:
+            return
+        workers = this_process()
+        level = logging.WARNING if workers is None else logging.ERROR
+        logger.log(level, "%s", memory_store_warning(url, workers, os.getpid()))
 
     async def stop(self) -> None:
         """Stop ticking, drain runs, release the locks, close what the library opened."""
@@ -475,6 +496,10 @@ class SingletonJobs:
             await asyncio.shield(engine.abort())
             raise
         finally:
+            # What the runs did stays in status() until the next start: a test that stops
+            # the node and then reads its counters sees them (they showed no runs).
+            with contextlib.suppress(Exception):  # never hide why stop() failed
+                self._kept = {name: job.stats for name, job in engine.snapshot().jobs.items()}
             self._engine = None
             logger.info("singletonjob node %s stopped", self.node_id)
 

@@ -23,8 +23,9 @@ from .._checkpoint import to_unix_us
 from .._clock import Clock
 from .._lock_value import OWNER_SEPARATOR
 from .._store.base import ClaimResult, LeaseReply, LeaseRequest, ReleaseListener, Store
+from .._store.refusals import Refusal, refusal
 from .._telemetry import Telemetry
-from .._timing import call_timeout_s, next_attempt_delay
+from .._timing import call_timeout_s, next_attempt_delay, refused_backoff_s
 from .interest import Interest, soonest_end_s
 from .lease import Lease, LeaseView
 from .placement import Spreader
@@ -91,6 +92,8 @@ class ElectionStatus:
     failures: int
     """Failed rounds in a row (0: the last round reached the store)."""
     last_error: str | None
+    refused: Refusal | None
+    """The last round's error, when it is one that no retry mends (Redis said no)."""
     last_success_at: float | None
     """When the last successful round was sent."""
     last_round_at: float | None
@@ -156,6 +159,9 @@ class Elector:
         self._notice_at: float | None = None
         self.failures = 0
         self.last_error: str | None = None
+        self.refused: Refusal | None = None
+        """Redis refused the last round (a password, a database index, an ACL): no retry
+        mends it, so the rounds back off longer and the ERROR says what to fix."""
         self.last_success_at: float | None = None
         """Monotonic time the last successful round was sent."""
         self.last_round_at: float | None = None
@@ -204,6 +210,7 @@ class Elector:
         return ElectionStatus(
             failures=self.failures,
             last_error=self.last_error,
+            refused=self.refused,
             last_success_at=self.last_success_at,
             last_round_at=self.last_round_at,
             round_trip_s=self.round_trip_s,
@@ -467,6 +474,7 @@ class Elector:
             )
         self.failures = 0
         self.last_error = None
+        self.refused = None
         self.last_success_at = sent_at
         self.round_trip_s = self._clock.monotonic() - sent_at
         self.terms.apply(replies, sent_at, self._notice_at)
@@ -474,8 +482,24 @@ class Elector:
 
     def _on_failure(self, exc: BaseException) -> None:
         self.failures += 1
+        refused, before = refusal(exc), self.refused
+        self.refused = refused
+        if refused is not None:
+            self.last_error = f"{type(exc).__name__}: {refused}"
+            if refused != before:
+                backoff_s = refused_backoff_s(self._max_backoff_s)
+                logger.error(
+                    "node %s: Redis refused the election (attempt %d): %s. No retry mends "
+                    "this: the node retries every %g-%g s until it is fixed",
+                    self.node_id,
+                    self.failures,
+                    refused,
+                    backoff_s / 2,
+                    backoff_s,
+                )
+            return
         self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        log = logger.warning if self.failures == 1 else logger.debug
+        log = logger.warning if self.failures == 1 or before is not None else logger.debug
         log(
             "node %s cannot reach the lease store (attempt %d): %s",
             self.node_id,
@@ -497,6 +521,7 @@ class Elector:
             jitter=self._rng(),
             sent_at=sent_at,
             phase=self._phase,
+            refused=self.refused is not None,
         )
 
     def _listener_delay(self) -> float:

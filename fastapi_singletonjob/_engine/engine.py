@@ -186,6 +186,7 @@ class Engine:
                 round_trip_s=election.round_trip_s,
                 failures=election.failures,
                 last_error=election.last_error,
+                refused=None if election.refused is None else str(election.refused),
             ),
             jobs={name: self._job_snapshot(name, runner) for name, runner in self.runners.items()},
             failed_tasks=self.supervisor.failed,
@@ -222,6 +223,8 @@ class Engine:
         elector.retry_now()
         deadline = self.clock.monotonic() + within_s
         while not (elector.failures == 0 and (elector.last_success_at or -math.inf) >= began):
+            if elector.refused is not None and (elector.last_round_at or -math.inf) >= began:
+                return False  # Redis answers a PING but refused the round: no use waiting
             left_s = deadline - self.clock.monotonic()
             if left_s <= 0:
                 return False

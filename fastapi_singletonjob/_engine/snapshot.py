@@ -57,6 +57,9 @@ class StoreSnapshot:
     round_trip_s: float | None
     failures: int
     last_error: str | None
+    refused: str | None = None
+    """What Redis refused in the last round, and the fix, when no retry mends it (a
+    password, a database index, an ACL permission)."""
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,12 @@ class StoreStatus(BaseModel):
     round_trip_ms: float | None
     consecutive_failures: int
     error: str | None
+    refused: str | None = Field(
+        default=None,
+        description="While Redis refuses this node (a password missing or wrong, a database "
+        "index out of range, an ACL permission missing): what it refused and the fix. No "
+        "retry mends it; the node retries slowly until it is fixed.",
+    )
 
 
 class NodeStatus(BaseModel):
