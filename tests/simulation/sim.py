@@ -182,11 +182,13 @@ class Scenario:
     jobs: tuple[JobConfig, ...]
     faults: tuple[Fault, ...]
     seed: int = 0
+    placement: Literal["first", "spread"] = "first"
+    """How the nodes place the jobs (the known schedules were found with "first")."""
 
     def describe(self) -> str:
         """The schedule, one line per fault, for failure messages."""
         lines = [
-            f"seed={self.seed}",
+            f"seed={self.seed}, placement={self.placement}",
             *(
                 f"node n{i}: wall {n.wall_offset_s * 1000:+.1f} ms, rate {n.rate_error:+.1e}"
                 for i, n in enumerate(self.nodes)
@@ -465,6 +467,12 @@ class Server:
         (Locks of several jobs acquired at once have the same value.)"""
         self._subscribers: dict[int, tuple[ReleaseListener, asyncio.Future[None]]] = {}
         self._next_subscriber = 0
+        self.members: dict[str, tuple[str, float]] = {}
+        """Per owner: its membership record (JSON) and its expiry (true time)."""
+        self.joined: dict[str, tuple[int, str]] = {}
+        """Per owner: the placement entry (joined at, server ms; its jobs' digest)."""
+        self.epoch = 0
+        """Bumped whenever the placement entries change."""
 
     @property
     def down(self) -> bool:
@@ -485,11 +493,14 @@ class Server:
     def _pttl(self, key: str) -> int:
         return max(0, math.floor((self.locks[key][1] - self.clock.monotonic()) * 1000))
 
-    def elect(self, owner: str, jobs: Sequence[tuple[str, int, str]]) -> list[tuple[int, str, int]]:
-        """``ELECT``: per ``(job, ttl ms, held value or "")``, ``(status, value, ttl ms)``."""
+    def elect(
+        self, owner: str, jobs: Sequence[tuple[str, int, str, bool]]
+    ) -> list[tuple[int, str, int]]:
+        """``ELECT``: per ``(job, ttl ms, held value or "", take)``, ``(status, value, ttl
+        ms)``: a free lock is taken only if asked to (``take``), else ``(0, "", -1)``."""
         out: list[tuple[int, str, int]] = []
         now_us: int | None = None
-        for job, ttl_ms, held in jobs:
+        for job, ttl_ms, held, take in jobs:
             value = self._get(job)
             if value is not None:
                 if held != "" and value == held:
@@ -497,6 +508,9 @@ class Server:
                     out.append((1, value, ttl_ms))
                 else:
                     out.append((0, value, self._pttl(job)))
+                continue
+            if not take:
+                out.append((0, "", -1))
                 continue
             if now_us is None:
                 now_us = self.clock.now_us()
@@ -508,6 +522,40 @@ class Server:
             self.granted_at.setdefault((job, token), self.clock.monotonic())
             out.append((1, value, ttl_ms))
         return out
+
+    def keep_member(
+        self, owner: str, record: tuple[bool, str, str, int]
+    ) -> tuple[int, str, list[str]]:
+        """The membership part of ``ELECT`` (as ``_store.memory`` keeps it): expire the
+        records past their time, write or refresh ``owner``'s (``record``: whether it carries
+        a payload, its JSON, its jobs' digest, its TTL in ms), and answer the server's time
+        (ms), the placement epoch and the placement entries (owner, ``"<at>|<digest>"``)."""
+        payload, text, digest, ttl_ms = record
+        now = self.clock.monotonic()
+        now_ms = self.clock.now_us() // 1000
+        for other, (_, expiry) in list(self.members.items()):
+            if expiry <= now:
+                del self.members[other]
+                self.joined.pop(other, None)
+                self.epoch += 1
+        if payload or owner not in self.members:
+            self.members[owner] = (text, now + ttl_ms / 1000)
+            if owner in self.joined and self.joined[owner][1] != digest:
+                self.joined[owner] = (self.joined[owner][0], digest)
+                self.epoch += 1
+        else:
+            self.members[owner] = (self.members[owner][0], now + ttl_ms / 1000)
+        if owner not in self.joined:
+            self.joined[owner] = (now_ms, digest)
+            self.epoch += 1
+        flat = [item for other, (at, d) in self.joined.items() for item in (other, f"{at}|{d}")]
+        return now_ms, str(self.epoch), flat
+
+    def leave(self, owner: str) -> None:
+        """A graceful stop deletes the node's membership record."""
+        self.members.pop(owner, None)
+        if self.joined.pop(owner, None) is not None:
+            self.epoch += 1
 
     def release(self, max_ahead_us: int, jobs: Sequence[tuple[str, str, str]]) -> int:
         """``RELEASE``: per ``(job, value, last instant µs or "")``; publishes the jobs
@@ -670,12 +718,26 @@ class NodeStore:
                 r.job,
                 max(1, round(r.ttl_s * 1000)),
                 r.held if r.held is not None and is_lock_value(r.held) else "",
+                r.take,
             )
             for r in requests
         ]
-        raw = await self._link.call(lambda: self._server.elect(node_id, wire))
+        member = self.membership
+        record = None
+        if member is not None and not member.left:  # as sent: the record of this call
+            record = (bool(member.payload()), member.record.to_json(), member.digest, member.ttl_ms)
+
+        def call() -> tuple[list[tuple[int, str, int]], tuple[int, str, list[str]] | None]:
+            placed = None if record is None else self._server.keep_member(node_id, record)
+            return self._server.elect(node_id, wire), placed
+
+        raw, placed = await self._link.call(call)
+        if member is not None and placed is not None:
+            member.confirmed(True)
+            now_ms, epoch, flat = placed
+            member.placed(now_ms, epoch, flat if epoch != member.epoch else [])
         return [
-            LeaseReply(r.job, status == 1, value, None if ttl_ms < 0 else ttl_ms / 1000)
+            LeaseReply(r.job, status == 1, value or None, None if ttl_ms < 0 else ttl_ms / 1000)
             for r, (status, value, ttl_ms) in zip(requests, raw, strict=True)
         ]
 
@@ -742,15 +804,21 @@ class NodeStore:
     async def reset_checkpoint(self, *args: object, **kwargs: object) -> bool:
         raise AssertionError("the simulated jobs keep no checkpoint")
 
-    # Nor does the simulated server keep a membership record or controls.
+    # The membership, as ELECT keeps it (spread placement reads it); no controls.
 
     membership: Membership | None = None
 
     def announce(self, membership: Membership) -> None:
-        pass
+        self.membership = membership
 
     async def leave(self) -> None:
-        pass
+        member = self.membership
+        if member is None:
+            return
+        member.left = True
+        owner = member.record.owner
+        await self._link.call(lambda: self._server.leave(owner))
+        member.confirmed(False)
 
     async def set_control(self, *args: object, **kwargs: object) -> bool:
         raise AssertionError("the simulation sets no control")
@@ -799,7 +867,7 @@ def build_instance(node: SimNode) -> Instance:
         for name, config in zip(sim.job_names, sim.scenario.jobs, strict=True)
     ]
     engine = Engine(
-        dataclasses.replace(_SETTINGS, node_id=node.name),
+        dataclasses.replace(_SETTINGS, node_id=node.name, placement=sim.scenario.placement),
         specs,
         NodeStore(node.link, sim.server),
         node.clock,

@@ -178,7 +178,8 @@ def scenarios(draw: st.DrawFn, kinds: tuple[FaultKind, ...]) -> Scenario:
     nodes = tuple(draw(st.lists(_nodes, min_size=2, max_size=MAX_NODES)))
     jobs = tuple(draw(st.lists(_jobs, min_size=1, max_size=2)))
     faults = tuple(draw(_faults(kinds, len(nodes))))
-    return Scenario(nodes, jobs, faults, seed=draw(st.integers(0, 2**16)))
+    placement = draw(st.sampled_from(["first", "spread"]))
+    return Scenario(nodes, jobs, faults, seed=draw(st.integers(0, 2**16)), placement=placement)
 
 
 @settings(PROFILE)
