@@ -35,6 +35,7 @@ from ._job.spec import (
     fixed_rate_schedule,
     interval_schedule,
 )
+from ._overdue import OverdueCallback
 from ._schedule import Schedule
 from ._store.base import Store
 from ._store.open import open_store
@@ -90,6 +91,11 @@ class SingletonJobs:
     :param history: how many occurrences (runs, and instants not run with the reason) each
         job's history keeps in Redis, cluster-wide (100; 0 keeps none; ``jobs.history``,
         ``SINGLETONJOB_HISTORY``); a job's own ``history=`` wins.
+    :param on_overdue: called with an ``OverdueEvent`` when a job's overdue spell begins
+        (no run started within its period plus a grace): once per spell, on the one node whose
+        check noticed it first, a coroutine function on the loop or a function in a thread,
+        bounded (30 s); what it raises is logged. A job's own ``on_overdue=`` wins. See
+        docs/operations.md, "Overdue jobs".
     :param clock: a ``FakeClock`` in tests; default the
         system clock.
     :param tracer_provider: OpenTelemetry tracer provider; default the global one.
@@ -111,6 +117,7 @@ class SingletonJobs:
         checkpoint_retention: Duration | None = None,
         placement: Literal["spread", "first"] | None = None,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -149,6 +156,13 @@ class SingletonJobs:
             placement=placement,
             history=history,
         )
+        if on_overdue is not None and not callable(on_overdue):
+            raise ConfigurationError(
+                f"on_overdue={on_overdue!r} is not callable; pass a function or coroutine "
+                "function that takes an OverdueEvent",
+                field="on_overdue",
+            )
+        self._on_overdue = on_overdue
         self._client = redis
         self._clock: Clock = clock or SYSTEM_CLOCK
         self._specs: dict[str, JobSpec] = {}
@@ -291,6 +305,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function as soon as this node leads, then ``every`` after
         each run ends (run, then wait)."""
@@ -303,6 +319,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         )
         return self._decorator(name, interval_schedule(name, every), "interval", options)
 
@@ -318,6 +336,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function on a grid of instants ``epoch + offset + k * every``
         shared by all replicas; a tick that comes while a run is still going is dropped."""
@@ -330,6 +350,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         )
         return self._decorator(
             name, fixed_rate_schedule(name, every, offset), "fixed_rate", options
@@ -349,6 +371,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of a cron expression (5 fields, or 6
         with seconds last), in ``timezone``. A run may start up to ``misfire_grace`` after
@@ -362,6 +386,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         ).misfiring(name, misfire_grace, misfire)
         return self._decorator(name, cron_schedule(name, expression, timezone), "cron", options)
 
@@ -378,6 +404,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of any object with a
         ``next_fire(after: datetime) -> datetime | None`` method."""
@@ -390,6 +418,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         ).misfiring(name, misfire_grace, misfire)
         return self._decorator(name, custom_schedule(name, schedule), "custom", options)
 
@@ -445,7 +475,13 @@ class SingletonJobs:
         store = self._open_store()
         try:
             engine = Engine(
-                self.settings, list(self._specs.values()), store, self._clock, app, self._telemetry
+                self.settings,
+                list(self._specs.values()),
+                store,
+                self._clock,
+                app,
+                self._telemetry,
+                on_overdue=self._on_overdue,
             )
         except BaseException:
             await store.aclose()

@@ -148,6 +148,7 @@ def _job_status(source: StatusSource, name: str, snap: EngineSnapshot | None) ->
         unrecorded_runs=stats.unrecorded,
         error=None if job is None or job.error is None else repr(job.error),
         let_go=job.let_go if job else None,
+        overdue_since=None if snap is None else snap.overdue.get(name),
         checkpoint=None,
     )
 
@@ -230,5 +231,6 @@ def _cluster_job(data: ClusterData, job: JobData) -> ClusterJob:
         paused_at=_keys.parse_paused(job.name, paused),
         pending=pending,
         last_instant=None if job.last_us is None else _EPOCH + timedelta(microseconds=job.last_us),
+        overdue_since=job.overdue_since,
         checkpoint=None if job.checkpoint is None else CheckpointStatus.of(job.checkpoint),
     )

@@ -69,6 +69,7 @@ from fastapi_singletonjob._history import Occurrence
 from fastapi_singletonjob._job.context import JobContext
 from fastapi_singletonjob._job.spec import JobSpec
 from fastapi_singletonjob._lock_value import is_lock_value
+from fastapi_singletonjob._overdue import Anchor
 from fastapi_singletonjob._schedule import Cron, FixedRate, Interval, Schedule
 from fastapi_singletonjob._store.base import (
     DEFAULT_CLAIM_TIMEOUT_S,
@@ -78,6 +79,9 @@ from fastapi_singletonjob._store.base import (
     ClusterData,
     LeaseReply,
     LeaseRequest,
+    OverdueCheck,
+    OverdueReply,
+    OverdueState,
     ReleaseListener,
 )
 from fastapi_singletonjob._store.membership import Membership
@@ -717,6 +721,12 @@ class NodeStore:
 
     async def read_checkpoint(self, *args: object, **kwargs: object) -> Checkpoint | None:
         raise AssertionError("the simulated jobs keep no checkpoint")
+
+    async def check_overdue(self, checks: Sequence[OverdueCheck], **kwargs: object) -> OverdueReply:
+        # No job is ever overdue here: the simulation keeps no checkpoint, claims or spells.
+        await asyncio.sleep(0)
+        states = [OverdueState(Anchor(), False, None, False) for _ in checks]
+        return OverdueReply(datetime(2000, 1, 1, tzinfo=UTC), states)
 
     async def read_history(self, *args: object, **kwargs: object) -> list[Occurrence]:
         raise AssertionError("the simulated jobs keep no checkpoint, and so no history")

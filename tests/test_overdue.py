@@ -1,0 +1,412 @@
+"""Overdue jobs (issue 30, item 2): a job is overdue when no run started within its period
+plus a grace; the spell opens once cluster-wide, is told to one node's ``on_overdue``, and ends
+at the next run. The schedule math as pure functions; whole nodes on a fake clock with the
+memory store; the store's check on the memory store and a real redis-server alike."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
+
+import pytest
+from fake_nodes import kill
+from test_runner import START, Factory, clock, make
+from waiting import wait_until
+
+from fastapi_singletonjob import ConfigurationError, JobContext, OverdueEvent, SingletonJobs
+from fastapi_singletonjob._checkpoint import to_unix_us
+from fastapi_singletonjob._clock import SystemClock
+from fastapi_singletonjob._job.spec import JobSpec
+from fastapi_singletonjob._overdue import (
+    Anchor,
+    default_grace_s,
+    overdue_at,
+    parse_anchor,
+    parse_spell,
+    spell_value,
+)
+from fastapi_singletonjob._run.overdue import OverdueWatch
+from fastapi_singletonjob._schedule import Cron, FixedRate, Interval
+from fastapi_singletonjob._store.base import LeaseRequest, OverdueCheck, Store
+from fastapi_singletonjob._store.memory import MemoryLeaseStore
+from fastapi_singletonjob._store.redis.store import RedisLeaseStore
+from fastapi_singletonjob.testing import FakeClock
+
+__all__ = ["clock", "make"]
+
+T0 = START
+
+
+def us(seconds: float) -> int:
+    return to_unix_us(T0 + timedelta(seconds=seconds))
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+# -- the schedule math ---------------------------------------------------------------------
+
+
+class Ending:
+    """A custom schedule with two instants, then none."""
+
+    def next_fire(self, after: datetime) -> datetime | None:
+        for instant in (at(60), at(120)):
+            if instant > after:
+                return instant
+        return None
+
+
+@pytest.mark.parametrize(
+    ("schedule", "anchor", "since", "grace_s", "expected"),
+    [
+        # interval: every 10 s after the end of the last run (its record's time), plus grace
+        (Interval(10), Anchor(us(95), us(100), None), 0, 5.0, 115),
+        # interval without a record's time: its instant
+        (Interval(10), Anchor(us(95), None, None), 0, 5.0, 110),
+        # fixed rate: the latest of the recorded and the claimed instant, plus the period
+        (FixedRate(10), Anchor(us(100), us(101), us(110)), 0, 5.0, 125),
+        (FixedRate(10), Anchor(us(120), us(121), us(110)), 0, 16.0, 146),
+        # nothing stored: from when the node began to watch
+        (FixedRate(10), Anchor(), 33, 5.0, 45),
+        # a base before the watch began counts from the watch (a pause, a fleet restart)
+        (Interval(10), Anchor(us(1), us(2), None), 50, 5.0, 65),
+        # cron: the next instant plus misfire_grace
+        (Cron("* * * * *"), Anchor(us(60), us(61), us(60)), 0, 5.0, 125),
+        # cron without misfire_grace: a run may start until the instant after the next
+        (Cron("* * * * *"), Anchor(us(60), us(61), us(60)), 0, None, 180),
+        # custom: the same rules as cron; a schedule that has ended is never overdue
+        (Ending(), Anchor(None, None, us(60)), 0, 1.0, 121),
+        (Ending(), Anchor(None, None, us(60)), 0, None, None),
+        (Ending(), Anchor(None, None, us(120)), 0, 1.0, None),
+    ],
+)
+def test_when_a_job_is_overdue(
+    schedule: object, anchor: Anchor, since: float, grace_s: float | None, expected: float | None
+) -> None:
+    found = overdue_at(schedule, anchor, since=at(since), grace_s=grace_s)  # type: ignore[arg-type]
+    assert found == (None if expected is None else at(expected))
+
+
+def test_the_default_grace_rides_out_a_failover() -> None:
+    assert default_grace_s(10.0, 3.0) == 16.0
+
+
+def test_anchors_and_spells_as_stored() -> None:
+    anchor = parse_anchor(f"{us(1)},{us(2)},{us(3)}")
+    assert (anchor.scheduled_us, anchor.completed_us, anchor.claimed_us) == (us(1), us(2), us(3))
+    assert parse_anchor(",,").empty and parse_anchor("x,,9").claimed_us == 9
+    value = spell_value(at(7), True, anchor)
+    assert parse_spell(value) == (at(7), True, anchor.text)
+    for odd in ("", "x", "12", "12:2:,,", "a:1:,,"):
+        assert parse_spell(odd) is None
+
+
+# -- whole nodes on a fake clock -----------------------------------------------------------
+
+
+def told() -> tuple[list[OverdueEvent], Callable[[OverdueEvent], None]]:
+    events: list[OverdueEvent] = []
+    return events, events.append
+
+
+async def test_the_spell_is_told_once_across_nodes_and_ends_at_the_next_run(
+    make: Factory, clock: FakeClock
+) -> None:
+    """The leader stops (killed); two observers (the job disabled there, with a callback of
+    their own) and the leader's own watch all check: one spell, one call. A new leader's run
+    ends it on every node; the next silence is a new spell, told again."""
+    events, callback = told()
+    leader = make("a")
+    observers = [make("b"), make("c")]
+
+    @leader.fixed_rate("tick", every=1.0)
+    async def tick(ctx: JobContext) -> None: ...
+
+    for node in observers:
+        node.fixed_rate("tick", every=1.0, enabled=False, on_overdue=callback)(tick)
+    for node in (leader, *observers):
+        await node.start()
+    await clock.advance(4.5)
+    assert events == [] and leader.status("tick").jobs[0].overdue_since is None
+    last_start = clock.now().replace(microsecond=0)  # the tick of 4 s
+    kill(leader)
+    await clock.advance(12.0)
+    # default grace: lock expiry 3 s + 2 heartbeats of 1 s; a period of 1 s
+    since = last_start + timedelta(seconds=1 + 5)
+    assert [(e.job, e.overdue_since, e.last_started_at) for e in events] == [
+        ("tick", since, last_start)
+    ]
+    assert events[0].node_id in ("b", "c")
+    for node in observers:
+        assert node.status("tick").jobs[0].overdue_since == since
+    (job,) = (await observers[0].cluster_status()).jobs
+    assert job.overdue_since == since
+
+    successor = make("d")
+    successor.fixed_rate("tick", every=1.0)(tick)
+    await successor.start()
+    await clock.advance(4.0)
+    for node in (*observers, successor):
+        assert node.status("tick").jobs[0].overdue_since is None
+    assert (await observers[0].cluster_status()).jobs[0].overdue_since is None
+    assert len(events) == 1
+
+    kill(successor)
+    await clock.advance(12.0)
+    assert len(events) == 2 and events[1].overdue_since > since
+
+
+async def test_a_failover_is_not_overdue(make: Factory, clock: FakeClock) -> None:
+    """The default grace covers a normal failover: the leader is killed, the other node takes
+    over after the lock expiry, no spell opens."""
+    events, callback = told()
+    nodes = [make("a", on_overdue=callback), make("b", on_overdue=callback)]
+    for node in nodes:
+        node.fixed_rate("tick", every=1.0)(_noop)
+        await node.start()
+    await clock.advance(3.0)
+    leader = next(node for node in nodes if node.status("tick").jobs[0].is_leader)
+    kill(leader)
+    await clock.advance(30.0)
+    assert events == []
+    other = next(node for node in nodes if node is not leader)
+    assert other.status("tick").jobs[0].is_leader
+
+
+async def _noop(ctx: JobContext) -> None: ...
+
+
+async def test_a_paused_job_is_never_overdue_and_counts_afresh_on_resume(
+    make: Factory, clock: FakeClock
+) -> None:
+    events, callback = told()
+    leader, observer = make("a"), make("b")
+    leader.interval("job", every=2.0)(_noop)
+    observer.interval("job", every=2.0, enabled=False, on_overdue=callback)(_noop)
+    await leader.start()
+    await observer.start()
+    await clock.advance(3.0)
+    kill(leader)
+    await clock.advance(12.0)
+    assert len(events) == 1
+    await observer.pause("job")
+    await clock.advance(2.0)
+    assert observer.status("job").jobs[0].overdue_since is None
+    assert (await observer.cluster_status()).jobs[0].overdue_since is None
+    await clock.advance(60.0)  # paused: never overdue
+    assert len(events) == 1
+    await observer.resume("job")
+    resumed = clock.now()
+    await clock.advance(4.0)  # not at once: the period and grace count from the resume
+    assert len(events) == 1 and observer.status("job").jobs[0].overdue_since is None
+    await clock.advance(10.0)
+    assert len(events) == 2
+    # 2 s period + 5 s grace from the last check that saw it paused (within a heartbeat)
+    delay = (events[1].overdue_since - resumed).total_seconds()
+    assert 6.0 <= delay <= 7.0, delay
+
+
+async def test_a_job_disabled_on_every_node_is_never_overdue(
+    make: Factory, clock: FakeClock
+) -> None:
+    """``enabled=False`` without a callback of the job's own: not watched, even with a
+    ``SingletonJobs``-wide ``on_overdue``."""
+    events, callback = told()
+    node = make("a", on_overdue=callback)
+    node.fixed_rate("off", every=1.0, enabled=False)(_noop)
+    await node.start()
+    await clock.advance(60.0)
+    assert events == []
+    assert node.status("off").jobs[0].overdue_since is None
+    assert node.engine is not None and node.engine.overdue.jobs == []
+
+
+async def test_a_cron_job_is_overdue_misfire_grace_after_its_instant(
+    make: Factory, clock: FakeClock
+) -> None:
+    events, callback = told()
+    leader, observer = make("a"), make("b")
+    leader.cron("report", "* * * * *", misfire_grace=5.0)(_noop)
+    observer.cron("report", "* * * * *", misfire_grace=5.0, enabled=False, on_overdue=callback)(
+        _noop
+    )
+    await leader.start()
+    await observer.start()
+    await clock.advance(61.0)  # runs at 00:01
+    kill(leader)
+    await clock.advance(70.0)
+    assert [e.overdue_since for e in events] == [at(125)]
+    assert events[0].last_started_at == at(60)
+
+
+async def test_a_cron_job_without_misfire_grace_may_start_until_the_instant_after(
+    make: Factory, clock: FakeClock
+) -> None:
+    events, callback = told()
+    leader = make("a", on_overdue=callback)
+    leader.cron("report", "* * * * *")(_noop)
+    await leader.start()
+    await clock.advance(61.0)
+    kill(leader)  # its election and timer stop; its overdue watch goes on, and tells
+    await clock.advance(130.0)
+    assert [e.overdue_since for e in events] == [at(180)]
+    assert events[0].node_id == "a"
+
+
+async def test_overdue_grace_replaces_the_default(make: Factory, clock: FakeClock) -> None:
+    events, callback = told()
+    leader, observer = make("a"), make("b")
+    leader.interval("job", every=1.0, overdue_grace=30)(_noop)  # the nodes agree on it
+    observer.interval("job", every=1.0, enabled=False, on_overdue=callback, overdue_grace=30)(_noop)
+    await leader.start()
+    await observer.start()
+    await clock.advance(2.5)
+    kill(leader)
+    await clock.advance(20.0)
+    assert events == []
+    await clock.advance(20.0)
+    assert len(events) == 1
+
+
+def test_bad_overdue_settings_are_refused() -> None:
+    jobs = SingletonJobs("memory://", project="p")
+    with pytest.raises(ConfigurationError, match="overdue_grace=-1"):
+        jobs.interval("a", every=1.0, overdue_grace=-1)
+    with pytest.raises(ConfigurationError, match="on_overdue=3 is not callable"):
+        jobs.interval("b", every=1.0, on_overdue=3)(_noop)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="on_overdue='x' is not callable"):
+        SingletonJobs("memory://", project="p", on_overdue="x")  # type: ignore[arg-type]
+
+
+# -- the callback: bounded, and never in the way -------------------------------------------
+
+
+def observed(name: str, callback: object) -> JobSpec:
+    return JobSpec(name, _noop, FixedRate(1.0), "fixed_rate", enabled=False, on_overdue=callback)  # type: ignore[arg-type]
+
+
+async def test_a_callback_that_raises_or_hangs_is_logged_and_given_up_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(T0)
+    store = MemoryLeaseStore("p", clock, url="memory://callbacks")
+    release = threading.Event()
+    calls: list[str] = []
+
+    async def hangs(event: OverdueEvent) -> None:
+        calls.append("hangs")
+        await asyncio.Event().wait()
+
+    def raises(event: OverdueEvent) -> None:
+        calls.append("raises")
+        raise RuntimeError("pager down")
+
+    def blocks(event: OverdueEvent) -> None:  # a sync callback, in a thread
+        calls.append("blocks")
+        release.wait(5.0)
+
+    specs = [observed("h", hangs), observed("r", raises), observed("b", blocks)]
+    watch = OverdueWatch(
+        store,
+        specs,
+        node_id="n",
+        heartbeat_s=1.0,
+        lock_expiry_s=3.0,
+        retention_s=60.0,
+        clock=clock,
+        callback_timeout_s=0.2,
+    )
+    with caplog.at_level(logging.ERROR, "fastapi_singletonjob.overdue"):
+        await watch.check()
+        await clock.advance(10.0)
+        await watch.check()  # all three overdue: their calls start, the check is not held up
+        assert dict(watch.overdue()) == dict.fromkeys(("h", "r", "b"), at(6))
+        await wait_until(lambda: len(calls) == 3, timeout_s=2.0)
+        await watch.check()  # the next check goes on while the calls hang
+        await wait_until(lambda: len(caplog.records) == 3, timeout_s=3.0)
+    release.set()
+    messages = sorted(record.getMessage() for record in caplog.records)
+    assert messages == [
+        "job 'b': on_overdue did not return within 0.2s; given up on",
+        "job 'h': on_overdue did not return within 0.2s; given up on",
+        "job 'r': on_overdue raised",
+    ]
+    assert sorted(calls) == ["blocks", "hangs", "raises"]  # once each: one spell
+    await watch.aclose()
+    await store.aclose()
+
+
+# -- the store's check: memory and a real redis-server --------------------------------------
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def store(request: pytest.FixtureRequest, unique_project: str) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        memory = MemoryLeaseStore(unique_project, SystemClock())
+        yield memory
+        await memory.aclose()
+        return
+    url: str = request.getfixturevalue("redis_url")
+    redis_store = RedisLeaseStore(unique_project, url=url)
+    yield redis_store
+    await redis_store.aclose()
+
+
+async def test_the_check_opens_a_spell_once_tells_it_once_and_ends_it(store: Store) -> None:
+    """Two nodes' checks on one store: the spell opens at the deadline, only if the anchor is
+    still the one it was judged by; one caller takes the telling (a later one that can tell
+    takes it when the opener could not); a claim changes the anchor and ends the spell."""
+    first = await store.check_overdue([OverdueCheck("j", "", None)], retention_s=60)
+    (state,) = first.jobs
+    assert state.anchor.empty and state.spell is None and not state.opened
+    now, anchor = first.now, state.anchor.text
+    stale = await store.check_overdue([OverdueCheck("j", "9,,", now)], retention_s=60)
+    assert stale.jobs[0].spell is None  # judged by another anchor: not opened
+    future = now + timedelta(hours=1)
+    early = await store.check_overdue([OverdueCheck("j", anchor, future)], retention_s=60)
+    assert early.jobs[0].spell is None
+
+    opened = await store.check_overdue([OverdueCheck("j", anchor, now)], retention_s=60)
+    assert opened.jobs[0].opened and not opened.jobs[0].tell  # the opener cannot tell
+    assert opened.jobs[0].spell is not None and opened.jobs[0].spell[0] == now
+    teller = OverdueCheck("j", anchor, now, can_tell=True)
+    replies = [await store.check_overdue([teller], retention_s=60) for _ in range(3)]
+    assert [(r.jobs[0].opened, r.jobs[0].tell) for r in replies] == [
+        (False, True),
+        (False, False),
+        (False, False),
+    ]
+    cluster = await store.read_cluster(["j"])
+    assert cluster.jobs["j"].overdue_since == now
+
+    [reply] = await store.elect("n#1", [LeaseRequest("j", 5.0)])
+    assert reply.held and reply.value is not None
+    await store.claim("j", reply.value, to_unix_us(now))
+    (cluster_job,) = (await store.read_cluster(["j"])).jobs.values()
+    assert cluster_job.overdue_since is None  # its anchor changed: over, even before a check
+    ended = await store.check_overdue([teller], retention_s=60)
+    assert ended.jobs[0].spell is None and ended.jobs[0].anchor.claimed_us == to_unix_us(now)
+    assert not ended.jobs[0].opened
+
+    moved = ended.jobs[0].anchor.text
+    again = await store.check_overdue(
+        [OverdueCheck("j", moved, now, can_tell=True)], retention_s=60
+    )
+    assert again.jobs[0].opened and again.jobs[0].tell  # a new spell: told again
+
+
+async def test_a_pause_ends_the_spell_and_keeps_it_shut(store: Store) -> None:
+    first = await store.check_overdue([OverdueCheck("j", "", None)], retention_s=60)
+    check = OverdueCheck("j", first.jobs[0].anchor.text, first.now, can_tell=True)
+    assert (await store.check_overdue([check], retention_s=60)).jobs[0].opened
+    await store.set_control("paused:j", '{"at": "2030-01-01T00:00:00+00:00", "by": "t"}')
+    paused = await store.check_overdue([check], retention_s=60)
+    assert paused.jobs[0].paused and paused.jobs[0].spell is None and not paused.jobs[0].opened
+    await store.set_control("paused:j", None)
+    resumed = await store.check_overdue([check], retention_s=60)
+    assert resumed.jobs[0].opened  # the caller's deadline decides: the watch counts afresh
