@@ -163,6 +163,7 @@ class Engine:
             clock=clock,
             on_overdue=on_overdue,
             telemetry=self.telemetry,
+            check_s=settings.lock_expiry_s,
         )
         """Each watched job's overdue check, and the ``on_overdue`` calls."""
         store.announce(Membership(self._member_record(enabled)))

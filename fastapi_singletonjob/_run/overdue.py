@@ -4,7 +4,9 @@ stores, at a coarse cadence; the one node whose check opens a job's overdue spel
 
 A node watches the jobs enabled on it, and those registered on it with ``enabled=False`` and
 an ``on_overdue`` of their own (an observer: it never leads them). One ``Store.check_overdue``
-call per check for all of them (every ``check_s``, the heartbeat by default): the store says
+call per check for all of them (every ``check_s``: the engine checks once per lock expiry,
+the time a failover may take anyway, so a spell opens at most that long after its deadline,
+and 500 jobs cost one call per 10 s by default): the store says
 each job's anchor (its last run as stored), whether it is paused and its spell, and opens or
 ends spells by the deadlines this node computed at the previous check from the anchors it
 read then (``_overdue.overdue_at``), so every decision is taken on the store's clock against

@@ -156,7 +156,7 @@ class JobStatus(BaseModel):
         default=None,
         description="Since when the job is overdue (no run started within its period plus a "
         "grace), as stored in Redis: the same on every replica that watches it, as of its "
-        "last check (every heartbeat); null when it is not, or this node does not watch it.",
+        "last check (every lock expiry); null when it is not, or this node does not watch it.",
     )
     checkpoint: CheckpointStatus | None = Field(
         None,
