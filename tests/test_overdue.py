@@ -241,6 +241,23 @@ async def test_a_job_disabled_on_every_node_is_never_overdue(
     assert node.engine is not None and node.engine.overdue.jobs == []
 
 
+async def test_without_a_checkpoint_only_jobs_that_claim_each_instant_are_watched(
+    make: Factory, clock: FakeClock
+) -> None:
+    """With ``checkpoint=False`` an interval or sub-second fixed-rate job stores no start: it
+    would look silent however it runs, so it is not watched (and never overdue)."""
+    events, callback = told()
+    node = make("a", on_overdue=callback)
+    node.interval("interval", every=1.0, checkpoint=False)(_noop)
+    node.fixed_rate("fast", every=0.5, checkpoint=False)(_noop)
+    node.fixed_rate("slow", every=1.0, checkpoint=False)(_noop)
+    node.cron("cron", "* * * * *", checkpoint=False)(_noop)
+    await node.start()
+    assert node.engine is not None and sorted(node.engine.overdue.jobs) == ["cron", "slow"]
+    await clock.advance(150.0)
+    assert events == []  # they run: their claims keep them from being overdue
+
+
 async def test_a_cron_job_is_overdue_misfire_grace_after_its_instant(
     make: Factory, clock: FakeClock
 ) -> None:

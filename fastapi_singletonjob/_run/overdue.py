@@ -31,6 +31,7 @@ from .._aio import within
 from .._clock import Clock
 from .._job.spec import JobSpec
 from .._overdue import Anchor, OverdueCallback, OverdueEvent, default_grace_s, overdue_at
+from .._schedule import policy_of
 from .._store.base import OverdueCheck, OverdueReply, Store
 from .._telemetry import Telemetry
 
@@ -44,8 +45,11 @@ CALLBACK_TIMEOUT_S = 30.0
 
 def watches(spec: JobSpec) -> bool:
     """Whether a node with ``spec`` watches the job: it is enabled there, or it has an
-    ``on_overdue`` of its own (an observer)."""
-    return spec.enabled or spec.on_overdue is not None
+    ``on_overdue`` of its own (an observer); and the cluster stores its starts (its checkpoint,
+    or a claim of each instant: an interval or sub-second fixed-rate job with
+    ``checkpoint=False`` stores none, so it would look silent however it runs)."""
+    stored = spec.checkpoint or policy_of(spec.schedule).claims_every_instant
+    return stored and (spec.enabled or spec.on_overdue is not None)
 
 
 @dataclass(slots=True)
