@@ -8,17 +8,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
+import httpx
 import pytest
 from fake_nodes import kill
+from fastapi import FastAPI
 from servers import RedisServer
 from test_runner import START, Factory, clock, make
 from waiting import wait_until
 
 from fastapi_singletonjob import ConfigurationError, JobContext, OverdueEvent, SingletonJobs
 from fastapi_singletonjob._checkpoint import to_unix_us
+from fastapi_singletonjob._cli import render
 from fastapi_singletonjob._clock import SystemClock
 from fastapi_singletonjob._job.spec import JobSpec
 from fastapi_singletonjob._overdue import (
@@ -110,9 +113,15 @@ def test_anchors_and_spells_as_stored() -> None:
 # -- whole nodes on a fake clock -----------------------------------------------------------
 
 
-def told() -> tuple[list[OverdueEvent], Callable[[OverdueEvent], None]]:
+def told() -> tuple[list[OverdueEvent], Callable[[OverdueEvent], Awaitable[None]]]:
+    """A callback and what it was told. A coroutine function, so that it runs on the loop
+    at once (a plain one runs in a thread, in real time, while the fake clock runs in none)."""
     events: list[OverdueEvent] = []
-    return events, events.append
+
+    async def callback(event: OverdueEvent) -> None:
+        events.append(event)
+
+    return events, callback
 
 
 async def test_the_spell_is_told_once_across_nodes_and_ends_at_the_next_run(
@@ -145,8 +154,20 @@ async def test_the_spell_is_told_once_across_nodes_and_ends_at_the_next_run(
     assert events[0].node_id in ("b", "c")
     for node in observers:
         assert node.status("tick").jobs[0].overdue_since == since
-    (job,) = (await observers[0].cluster_status()).jobs
+    view = await observers[0].cluster_status()
+    (job,) = view.jobs
     assert job.overdue_since == since
+    header, row = render(view).splitlines()[-2:]  # the CLI's status: its jobs table
+    assert header.split()[-1] == "OVERDUE" and row.endswith("ago"), row
+    assert "since" in row
+    app = FastAPI()
+    app.include_router(observers[0].router, prefix="/sj")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://b") as client:
+        jobs_body = (await client.get("/sj/jobs")).json()
+        cluster_body = (await client.get("/sj/cluster")).json()
+    assert jobs_body["jobs"][0]["overdue_since"] == since.isoformat().replace("+00:00", "Z")
+    assert cluster_body["jobs"][0]["overdue_since"] == jobs_body["jobs"][0]["overdue_since"]
 
     successor = make("d")
     successor.fixed_rate("tick", every=1.0)(tick)
@@ -209,6 +230,7 @@ async def test_a_paused_job_is_never_overdue_and_counts_afresh_on_resume(
     await clock.advance(12.0)
     assert len(events) == 1
     await observer.pause("job")
+    assert (await observer.cluster_status()).jobs[0].overdue_since is None  # at once
     await clock.advance(3.5)  # the next check (every lock expiry) ends the spell
     assert observer.status("job").jobs[0].overdue_since is None
     assert (await observer.cluster_status()).jobs[0].overdue_since is None

@@ -347,11 +347,14 @@ async def test_overdue_gauge_and_spells(make: Factory, clock: FakeClock, otel: O
     told: list[object] = []
     leader, observer = make("a"), make("b")
 
+    async def tell(event: object) -> None:
+        told.append(event)
+
     async def tick() -> None:
         pass
 
     leader.fixed_rate("tick", every=1.0)(tick)
-    observer.fixed_rate("tick", every=1.0, enabled=False, on_overdue=told.append)(tick)
+    observer.fixed_rate("tick", every=1.0, enabled=False, on_overdue=tell)(tick)
     await leader.start()
     await observer.start()
     await clock.advance(3.5)
