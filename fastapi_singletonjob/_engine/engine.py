@@ -164,6 +164,7 @@ class Engine:
             on_overdue=on_overdue,
             telemetry=self.telemetry,
             check_s=settings.lock_expiry_s,
+            stopped=self.ticker.failure,
         )
         """Each watched job's overdue check, and the ``on_overdue`` calls."""
         store.announce(Membership(self._member_record(enabled)))

@@ -65,6 +65,9 @@ class _Watched:
     """From when this node counts (its first check, or the first after a pause)."""
     overdue_since: datetime | None = None
     last_started_at: datetime | None = None
+    judged: tuple[str, datetime] | None = None
+    """The anchor and ``since`` the deadline was computed from: ``next_fire`` is asked again
+    only when one of them changes (a custom schedule may be slow, or count its calls)."""
 
 
 class OverdueWatch:
@@ -84,6 +87,7 @@ class OverdueWatch:
         telemetry: Telemetry | None = None,
         check_s: float | None = None,
         callback_timeout_s: float = CALLBACK_TIMEOUT_S,
+        stopped: Callable[[str], object] = lambda job: None,
     ) -> None:
         self._store = store
         self._node_id = node_id
@@ -93,6 +97,9 @@ class OverdueWatch:
         self.check_s = heartbeat_s if check_s is None else check_s
         """How often the node checks (one store call each time)."""
         self._callback_timeout_s = callback_timeout_s
+        self._stopped = stopped
+        """Why a job's schedule stopped on this node (the timer's ``failure``), if it did:
+        such a job is not judged here (its schedule cannot be trusted)."""
         self._jobs = {
             spec.name: _Watched(
                 spec,
@@ -168,6 +175,12 @@ class OverdueWatch:
 
     def _deadline(self, job: _Watched, anchor: Anchor) -> datetime | None:
         assert job.since is not None
+        if self._stopped(job.spec.name) is not None:
+            return None
+        judged = (anchor.text, job.since)
+        if job.judged == judged:
+            return job.deadline
+        job.judged = judged
         try:
             return overdue_at(job.spec.schedule, anchor, since=job.since, grace_s=job.grace_s)
         except Exception as exc:  # a custom schedule that raises: its timer says so too
