@@ -8,7 +8,7 @@ Life cycle (``Engine.state``)::
 Shutdown order, chosen so that no two nodes ever run a job at once and no job pauses longer
 than it must:
 
-1. stop the timer, so no new run starts;
+1. stop the timer, so no new run starts, and the overdue watch;
 2. leave the membership, so that the other nodes place the jobs without this one;
 3. release at once the locks of the jobs with no run in flight, so that other nodes take them
    over while this one drains;
