@@ -257,6 +257,11 @@ class Engine:
         """The timer's task (None before start or once stopped)."""
         return self._timer
 
+    @property
+    def watch_task(self) -> asyncio.Task[None] | None:
+        """The overdue watch's task (None before start)."""
+        return self._watch
+
     async def start(self) -> None:
         """Start the election and the timer; returns once they run, without waiting for the
         store (an unreachable Redis is retried in the background). On failure everything

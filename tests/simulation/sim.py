@@ -810,7 +810,8 @@ def build_instance(node: SimNode) -> Instance:
 async def start_instance(instance: Instance) -> None:
     engine = instance.engine
     await engine.start()
-    instance.tasks = [t for t in (engine.election_task, engine.timer_task) if t is not None]
+    tasks = (engine.election_task, engine.timer_task, engine.watch_task)
+    instance.tasks = [t for t in tasks if t is not None]
 
 
 HELPERS = ("release listener", "deadline watchdog")
