@@ -395,11 +395,15 @@ def render(view: ClusterStatus) -> str:
                 "yes" if job.paused else "no",
                 _ago(now, last),
                 (checkpoint.last_outcome if checkpoint else None) or "-",
+                "no" if job.overdue_since is None else f"since {_ago(now, job.overdue_since)}",
             )
         )
     return (
         f"project {printable(repr(view.project))} at {now.isoformat()}\n\n"
         + _table(("NODE", "VERSION", "STARTED", "LAST SEEN", "LEADS"), nodes)
         + "\n"
-        + _table(("JOB", "SCHEDULE", "LEADER", "LEASE LEFT", "PAUSED", "LAST RUN", "OUTCOME"), jobs)
+        + _table(
+            ("JOB", "SCHEDULE", "LEADER", "LEASE LEFT", "PAUSED", "LAST RUN", "OUTCOME", "OVERDUE"),
+            jobs,
+        )
     )

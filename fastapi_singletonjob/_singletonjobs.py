@@ -38,6 +38,7 @@ from ._job.spec import (
     interval_schedule,
 )
 from ._outcomes import JobStats
+from ._overdue import OverdueCallback
 from ._schedule import Schedule
 from ._store.base import Store
 from ._store.open import open_store
@@ -95,6 +96,11 @@ class SingletonJobs:
     :param history: how many occurrences (runs, and instants not run with the reason) each
         job's history keeps in Redis, cluster-wide (100; 0 keeps none; ``jobs.history``,
         ``SINGLETONJOB_HISTORY``); a job's own ``history=`` wins.
+    :param on_overdue: called with an ``OverdueEvent`` when a job's overdue spell begins
+        (no run started within its period plus a grace): once per spell, on the one node whose
+        check noticed it first, a coroutine function on the loop or a function in a thread,
+        bounded (30 s); what it raises is logged. A job's own ``on_overdue=`` wins. See
+        docs/operations.md, "Overdue jobs".
     :param clock: a ``FakeClock`` in tests; default the
         system clock.
     :param tracer_provider: OpenTelemetry tracer provider; default the global one.
@@ -116,6 +122,7 @@ class SingletonJobs:
         checkpoint_retention: Duration | None = None,
         placement: Literal["spread", "first"] | None = None,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -154,6 +161,13 @@ class SingletonJobs:
             placement=placement,
             history=history,
         )
+        if on_overdue is not None and not callable(on_overdue):
+            raise ConfigurationError(
+                f"on_overdue={on_overdue!r} is not callable; pass a function or coroutine "
+                "function that takes an OverdueEvent",
+                field="on_overdue",
+            )
+        self._on_overdue = on_overdue
         self._client = redis
         self._kept: dict[str, JobStats] | None = None
         """Each job's counters and last run as the last stop left them (``status()``)."""
@@ -298,6 +312,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function as soon as this node leads, then ``every`` after
         each run ends (run, then wait)."""
@@ -310,6 +326,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         )
         return self._decorator(name, interval_schedule(name, every), "interval", options)
 
@@ -325,6 +343,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function on a grid of instants ``epoch + offset + k * every``
         shared by all replicas; a tick that comes while a run is still going is dropped."""
@@ -337,6 +357,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         )
         return self._decorator(
             name, fixed_rate_schedule(name, every, offset), "fixed_rate", options
@@ -356,6 +378,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of a cron expression (5 fields, or 6
         with seconds last), in ``timezone``. A run may start up to ``misfire_grace`` after
@@ -369,6 +393,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         ).misfiring(name, misfire_grace, misfire)
         return self._decorator(name, cron_schedule(name, expression, timezone), "cron", options)
 
@@ -385,6 +411,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of any object with a
         ``next_fire(after: datetime) -> datetime | None`` method."""
@@ -397,6 +425,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         ).misfiring(name, misfire_grace, misfire)
         return self._decorator(name, custom_schedule(name, schedule), "custom", options)
 
@@ -452,7 +482,13 @@ class SingletonJobs:
         store = self._open_store()
         try:
             engine = Engine(
-                self.settings, list(self._specs.values()), store, self._clock, app, self._telemetry
+                self.settings,
+                list(self._specs.values()),
+                store,
+                self._clock,
+                app,
+                self._telemetry,
+                on_overdue=self._on_overdue,
             )
         except BaseException:
             await store.aclose()

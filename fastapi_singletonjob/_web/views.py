@@ -163,6 +163,7 @@ def _job_status(
         unrecorded_runs=stats.unrecorded,
         error=None if job is None or job.error is None else repr(job.error),
         let_go=job.let_go if job else None,
+        overdue_since=None if snap is None or (job and job.paused) else snap.overdue.get(name),
         checkpoint=None,
     )
 
@@ -245,5 +246,7 @@ def _cluster_job(data: ClusterData, job: JobData) -> ClusterJob:
         paused_at=_keys.parse_paused(job.name, paused),
         pending=pending,
         last_instant=None if job.last_us is None else _EPOCH + timedelta(microseconds=job.last_us),
+        # A paused job is never overdue: its spell is over, even before a check deletes it.
+        overdue_since=None if paused is not None else job.overdue_since,
         checkpoint=None if job.checkpoint is None else CheckpointStatus.of(job.checkpoint),
     )

@@ -73,6 +73,7 @@ from fastapi_singletonjob._history import Occurrence
 from fastapi_singletonjob._job.context import JobContext
 from fastapi_singletonjob._job.spec import JobSpec
 from fastapi_singletonjob._lock_value import is_lock_value
+from fastapi_singletonjob._overdue import Anchor
 from fastapi_singletonjob._schedule import Cron, FixedRate, Interval, Schedule
 from fastapi_singletonjob._store.base import (
     DEFAULT_CLAIM_TIMEOUT_S,
@@ -82,6 +83,9 @@ from fastapi_singletonjob._store.base import (
     ClusterData,
     LeaseReply,
     LeaseRequest,
+    OverdueCheck,
+    OverdueReply,
+    OverdueState,
     ReleaseListener,
 )
 from fastapi_singletonjob._store.membership import Membership
@@ -793,6 +797,12 @@ class NodeStore:
     async def read_checkpoint(self, *args: object, **kwargs: object) -> Checkpoint | None:
         raise AssertionError("the simulated jobs keep no checkpoint")
 
+    async def check_overdue(self, checks: Sequence[OverdueCheck], **kwargs: object) -> OverdueReply:
+        # No job is ever overdue here: the simulation keeps no checkpoint, claims or spells.
+        await asyncio.sleep(0)
+        states = [OverdueState(Anchor(), False, None, False) for _ in checks]
+        return OverdueReply(datetime(2000, 1, 1, tzinfo=UTC), states)
+
     async def read_history(self, *args: object, **kwargs: object) -> list[Occurrence]:
         raise AssertionError("the simulated jobs keep no checkpoint, and so no history")
 
@@ -881,7 +891,8 @@ def build_instance(node: SimNode) -> Instance:
 async def start_instance(instance: Instance) -> None:
     engine = instance.engine
     await engine.start()
-    instance.tasks = [t for t in (engine.election_task, engine.timer_task) if t is not None]
+    tasks = (engine.election_task, engine.timer_task, engine.watch_task)
+    instance.tasks = [t for t in tasks if t is not None]
 
 
 HELPERS = ("release listener", "deadline watchdog")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Literal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -146,6 +147,7 @@ _RANGES: dict[FaultKind, tuple[float, float]] = {
     "claims_down": (0.0, 3.0),  # how long the claims go unanswered
 }
 """``Fault.value`` of the kinds that have one, from a fraction in [-1, 1]."""
+PLACEMENTS: tuple[Literal["first", "spread"], ...] = ("first", "spread")
 _FLAGS: dict[FaultKind, tuple[str, ...]] = {
     "restart": ("locks", "locks+fences", "all"),
     "foreign": ("", "garbage", "huge"),
@@ -178,7 +180,7 @@ def scenarios(draw: st.DrawFn, kinds: tuple[FaultKind, ...]) -> Scenario:
     nodes = tuple(draw(st.lists(_nodes, min_size=2, max_size=MAX_NODES)))
     jobs = tuple(draw(st.lists(_jobs, min_size=1, max_size=2)))
     faults = tuple(draw(_faults(kinds, len(nodes))))
-    placement = draw(st.sampled_from(["first", "spread"]))
+    placement = draw(st.sampled_from(PLACEMENTS))
     return Scenario(nodes, jobs, faults, seed=draw(st.integers(0, 2**16)), placement=placement)
 
 
