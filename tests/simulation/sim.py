@@ -57,6 +57,7 @@ import logging
 import math
 import random
 import re
+import secrets
 import selectors
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -1449,23 +1450,22 @@ class Simulation:
 
     def _chain_allowance(self, job: str, start: float, end: float) -> float:
         """What invariant (g) allows beyond its bound for ``[start, end]``: a lock expiry
-        and a heartbeat for each unhealthy node after the first that led ``job`` in it. The
-        promise is per gray leader: each one the job passes to costs up to a lock expiry
-        before it lets go, and a healthy node may lose the race for the job to a gray one."""
+        and a heartbeat for each fault after the first of the nodes that led ``job`` in it.
+        The promise is per gray fault: each can cost up to a lock expiry (a lost reply leaves
+        a lock its holder does not know of; claims that fail are let go after one), and a
+        healthy node may lose the job to a gray one (a placement move, a race)."""
         terms = sorted(self.terms[job], key=lambda term: term[2])
         holders = {node for _, node, at, _ in terms if start < at < end}
         before = [node for _, node, at, _ in terms if at <= start]
         if before:
             holders.add(before[-1])
-        sick = [
-            name
+        faults = [
+            span
             for name in holders
-            if any(
-                s0 < end and s1 > start
-                for s0, s1 in self.node_named[name].sick + self.node_named[name].down
-            )
+            for span in self.node_named[name].sick + self.node_named[name].down
+            if span[0] < end and span[1] > start
         ]
-        return max(0, len(sick) - 1) * (TTL_S + HEARTBEAT_S)
+        return max(0, len(faults) - 1) * (TTL_S + HEARTBEAT_S)
 
     # faults
 
@@ -1567,12 +1567,17 @@ def _quiet_library() -> Iterator[None]:
 @contextlib.contextmanager
 def _seeded_random(seed: int) -> Iterator[None]:
     # The library draws its jitter from the global generator: seed it for the schedule, and
-    # leave it as it was (Hypothesis and pytest-randomly manage it around each test).
+    # leave it as it was (Hypothesis and pytest-randomly manage it around each test). The
+    # nonce of each node's owner id (``secrets``, unseedable) orders the membership's
+    # placement entries: drawn from the seeded generator too, so that a schedule replays.
     state = random.getstate()
     random.seed(seed)
+    token_hex = secrets.token_hex
+    secrets.token_hex = lambda nbytes=None: random.randbytes(nbytes or 32).hex()
     try:
         yield
     finally:
+        secrets.token_hex = token_hex
         random.setstate(state)
 
 

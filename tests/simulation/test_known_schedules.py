@@ -169,13 +169,13 @@ KNOWN_BUGS = {
     # unclaimed up to tick 1.5 (its wall clock 20 ms ahead: tick 1.5 at 1.48 s, before its
     # deadline at 1.486 s); the lock expires and n1, its wall clock 20 ms behind, takes over
     # at 1.498 s, claims tick 1.5 as the first of its term (the store's record is still n0's
-    # first tick) and runs it again at 1.522 s. (Seed 7: the nodes' beats decide which seeds
-    # line the renewals up this way.)
+    # first tick) and runs it again at 1.522 s. (Seed 48: the nodes' beats decide which seeds
+    # line the renewals up this way; the owner ids are drawn from the seeded generator too.)
     "fast-tick-twice-after-lost-requests": Scenario(
         (NodeConfig(wall_offset_s=0.02), NodeConfig(wall_offset_s=-0.02)),
         FIXED_RATE,
         tuple(Fault(0.5, "lost_request", node=0) for _ in range(5)),
-        seed=7,
+        seed=48,
     ),
     # Shrunk by test_node_faults: n1's wall clock steps back 1 s; the leader n0 (62.5 ms
     # ahead) runs tick 1.0 at 0.9375 s and is paused at 1.0 s for 1 s, its lease runs out;
