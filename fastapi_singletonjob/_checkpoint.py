@@ -127,6 +127,11 @@ class FinishedRun(NamedTuple):
     missed: str | None = None
     """Not a run but an instant the leader did not run, and why (a ``DropReason`` value):
     only a history entry, the checkpoint is left as it is."""
+    instants: int = 1
+    """A missed entry: how many instants it stands for, from ``scheduled_at`` on (0: more
+    than were counted)."""
+    last_at: datetime | None = None
+    """A missed entry of more than one instant: the last one, when known."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,9 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from .._aio import within
-from .._checkpoint import Checkpoint, to_unix_us
+from .._checkpoint import Checkpoint, from_unix_us, to_unix_us
 from .._clock import Clock
+from .._history import cursor_of
 from .._job.context import JobContext
 from .._job.spec import JobSpec
 from .._outcomes import DropReason, JobStats, Outcome, RunRecord
@@ -38,7 +39,16 @@ from .._store.base import ClaimResult
 from .._telemetry import NOT_LEADER, Telemetry
 from .invoke import Invoker, NotStarted, summary
 from .leadership import Leadership, TermView
-from .misfire import is_late, next_missed, plan_catch_up, put_off_s, within_grace
+from .misfire import (
+    gap,
+    gap_budget,
+    interval_gap,
+    is_late,
+    next_missed,
+    plan_catch_up,
+    put_off_s,
+    within_grace,
+)
 from .progress import Progress, no_checkpoint
 
 __all__ = ["JobRunner"]
@@ -48,6 +58,7 @@ logger = logging.getLogger("fastapi_singletonjob.runner")
 T = TypeVar("T")
 
 _CLAIM_RETRY_S = 0.05
+_ONE_US = timedelta(microseconds=1)
 RECORD_AFTER_CANCEL_S = 2.0
 """Longest wait for the checkpoint record of a run cancelled from outside (shutdown): well
 within the engine's grace for cancelled runs (``CANCEL_GRACE_S``), after which their locks
@@ -69,11 +80,13 @@ class JobRunner:
         "_closed",
         "_current",
         "_failing",
+        "_first",
         "_invoker",
         "_iteration",
         "_leadership",
         "_let_go_timer",
         "_on_end",
+        "_opened",
         "_rng",
         "_task_name",
         "_telemetry",
@@ -125,6 +138,10 @@ class JobRunner:
         self._all_written: asyncio.Future[None] | None = None
         """Made by ``written`` while records are on their way, resolved when ``_unwritten``
         falls back to 0."""
+        self._first: tuple[int, datetime] | None = None
+        """(term, instant): the first instant this node ran, or did not, in that term."""
+        self._opened: int | None = None
+        """The last term whose gap (``_backfill``) was looked at."""
         self._failing: tuple[int, float] | None = None
         """(term, since): the runs of that term could not start since that monotonic time,
         as the store's claims or checkpoint calls failed or timed out; None once one did."""
@@ -170,7 +187,8 @@ class JobRunner:
             and token is not None
             and self._leadership.is_leader(self.spec.name, token)
         ):
-            self.progress.missed(token, instant, reason.value, self.time_left())
+            self._handled(token, instant)
+            self.progress.missed(token, instant, reason.value, self.time_left(), count=count)
         self._telemetry.drop(self.spec.name, reason.value, count)
         logger.debug(
             "job %r dropped %d tick(s) on node %s: %s", self.spec.name, count, self.node, reason
@@ -263,6 +281,7 @@ class JobRunner:
             try:
                 load = self.progress.load(token, self.time_left())
                 checkpoint = await self._or_let_go(token, load)
+                self._backfill(token, checkpoint)
             except Exception as exc:
                 logger.warning(
                     "job %r: instant %s skipped on node %s: its checkpoint could not be read "
@@ -432,6 +451,7 @@ class JobRunner:
         delay to the next run when an interval job's first run of a term was put off (the
         previous leader ran it recently), else None."""
         first_of_term = self.progress is not None and not self.progress.loaded_for(token)
+        self._handled(token, scheduled_at)
         begun: JobContext | DropReason | None = None
         if gate is None:
             self.stats.running_since = started_at
@@ -536,7 +556,13 @@ class JobRunner:
                 missed=missed,
                 now=now,
             )
-            if plan.late:
+            if plan.run is not None:
+                until = plan.run
+            elif plan.after is not None:
+                until = plan.after + _ONE_US
+            else:
+                until = now
+            if not self._backfill(token, checkpoint, until) and plan.late:
                 self.drop(DropReason.LATE, plan.late)
             if plan.run is not None:
                 await self.attempt(token, plan.run, now, claim=True)
@@ -564,6 +590,71 @@ class JobRunner:
                 cursor = instant
         finally:
             self._ended()
+
+    # -- the instants before a term that no node ran -------------------------------------
+
+    def _handled(self, token: int, instant: datetime) -> None:
+        """This node runs, or records as not run, ``instant`` in term ``token``."""
+        first = self._first
+        if first is None or first[0] != token or instant < first[1]:
+            self._first = (token, instant)
+
+    def _backfill(
+        self, token: int, checkpoint: Checkpoint | None, until: datetime | None = None
+    ) -> int:
+        """At term ``token``'s first read of the checkpoint: find from the schedule the
+        instants after where the history stands that no node ran before this term (before
+        ``until``, and before the first instant the term ran or did not), and have them
+        recorded with the term's next record (``Progress.hold``), as "no leader", or for a
+        cron or custom job "misfire skipped" (its misfire policy did not run them). None on
+        a job's first term or after a reset (no checkpoint), nor without a history. Returns
+        how many instants (0: none, or none looked for)."""
+        progress = self.progress
+        if progress is None or progress.history <= 0 or self._opened == token:
+            return 0
+        self._opened = token
+        cursor_us = cursor_of(progress.mark, token)
+        if checkpoint is None or cursor_us is None:
+            return 0
+        cursor = from_unix_us(cursor_us)
+        budget = gap_budget(progress.history)
+        first = self._first[1] if self._first is not None and self._first[0] == token else None
+        reason = DropReason.NO_LEADER
+        if self.policy.after_run:
+            last, now = checkpoint.last_completed_at, progress.read_at
+            if last is None or now is None or not self.policy.period_s:
+                return 0
+            entries = interval_gap(
+                self.policy.period_s, last_completed_at=last, after=cursor, now=now, budget=budget
+            )
+        else:
+            bounds = [moment for moment in (until, first) if moment is not None]
+            if not bounds:
+                return 0
+            if self.policy.catch_up and self.spec.checkpoint:
+                reason = DropReason.MISFIRE_SKIPPED
+            try:
+                entries = gap(self.spec.schedule, after=cursor, before=min(bounds), budget=budget)
+            except Exception:  # the schedule's own failure is the timer's to report
+                logger.debug("job %r: its gap could not be computed", self.spec.name, exc_info=True)
+                return 0
+        if not entries:
+            return 0
+        counted = sum(entry.count or 1 for entry in entries)
+        progress.hold(token, [(e.first, e.count, e.last) for e in entries], reason.value)
+        self.stats.dropped[reason] += counted
+        self._telemetry.drop(self.spec.name, reason.value, counted)
+        logger.info(
+            "job %r: %d instant(s) from %s were not run by any node before node %s's term "
+            "(fencing token %d): recorded as %s",
+            self.spec.name,
+            counted,
+            entries[0].first.isoformat(),
+            self.node,
+            token,
+            reason.value,
+        )
+        return counted
 
     def time_left(self) -> float:
         """Seconds left on this node's lease of the job (0 when it does not lead)."""
