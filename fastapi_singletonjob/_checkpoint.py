@@ -15,6 +15,8 @@ field                  content
 ``node_id``            the node that wrote last
 ``fencing_token``      the term that wrote last
 ``state``              the job's state: the JSON text ``encode_state`` made, byte for byte
+``history``            where the run history stands (``_history``: the mark a new leader
+                       reads with the record; not part of ``Checkpoint``)
 =====================  ====================================================================
 
 Which clock each time is on. ``last_completed_us`` is the store's, never a node's: the
