@@ -332,3 +332,22 @@ def test_an_interval_gap_is_on_the_last_runs_grid() -> None:
     assert entries == [Missed(at(11.3)), Missed(at(12.3))]
     # Where the history stands already (a paused instant at 12.3): only what comes after.
     assert interval_gap(1.0, last_completed_at=last, after=at(12.3), now=at(14.0), budget=10) == []
+
+
+async def test_instants_that_come_during_a_catch_up_are_the_catch_ups(
+    make: Factory, clock: FakeClock
+) -> None:
+    """misfire="catch_up" runs, in order, every instant that has come, those that come while
+    it runs too: the timer leaves them to it (no "overlap" entry for an instant it then
+    runs), so each instant is in the history once."""
+
+    def define(jobs: SingletonJobs) -> None:
+        @jobs.cron("sec", "* * * * * *", misfire="catch_up", misfire_grace=60)
+        async def sec() -> None:
+            await jobs.clock.sleep(0.6)
+
+    b = await failover(make, clock, define, 3.5)
+    entries = await oldest_first(b, "sec")
+    seen = [e.scheduled_at for e in entries]
+    assert len(seen) == len(set(seen)), [(e.scheduled_at, e.reason or e.outcome) for e in entries]
+    assert not [e for e in entries if e.missed and e.node_id == "b"], entries

@@ -76,6 +76,7 @@ class JobRunner:
 
     __slots__ = (
         "_all_written",
+        "_catching_up",
         "_claimed_term",
         "_closed",
         "_current",
@@ -138,6 +139,8 @@ class JobRunner:
         self._all_written: asyncio.Future[None] | None = None
         """Made by ``written`` while records are on their way, resolved when ``_unwritten``
         falls back to 0."""
+        self._catching_up = False
+        """A ``misfire="catch_up"`` loop is in flight: it runs each instant that comes."""
         self._first: tuple[int, datetime] | None = None
         """(term, instant): the first instant this node ran, or did not, in that term."""
         self._opened: int | None = None
@@ -226,6 +229,8 @@ class JobRunner:
             self._telemetry.drop(self.spec.name, NOT_LEADER)
             return None
         if self._current is not None:
+            if self._catching_up:  # its loop runs this instant too, in order: not dropped
+                return None
             self.drop(DropReason.OVERLAP, instant=scheduled_at)
             return None
         claim = self.policy.claims_every_instant or (
@@ -518,7 +523,8 @@ class JobRunner:
     def catch_up(self, missed: datetime | None) -> asyncio.Task[None] | None:
         """This node began a term of a cron or custom job: run what its ``misfire`` policy
         says of the instants after the stored last run that no node ran, as one task that
-        counts as the run in flight (a tick meanwhile is dropped as an overlap). Without a
+        counts as the run in flight (a tick meanwhile is dropped as an overlap, but for
+        ``catch_up``'s loop, which runs it in turn). Without a
         stored run, ``missed`` (the last instant this node saw pass while another led) is
         run once, within its grace."""
         token = self.lease.token
@@ -569,6 +575,7 @@ class JobRunner:
             cursor, grace_s = plan.after, self.spec.misfire_grace_s
             if cursor is None or grace_s is None:
                 return
+            self._catching_up = True
             while not self._closed and self.is_leader_of(token):
                 now = self.clock.now()
                 instant = next_missed(schedule, cursor, now)
@@ -589,6 +596,7 @@ class JobRunner:
                     await self.attempt(token, instant, now, claim=True)
                 cursor = instant
         finally:
+            self._catching_up = False
             self._ended()
 
     # -- the instants before a term that no node ran -------------------------------------
