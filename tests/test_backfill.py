@@ -351,3 +351,37 @@ async def test_instants_that_come_during_a_catch_up_are_the_catch_ups(
     seen = [e.scheduled_at for e in entries]
     assert len(seen) == len(set(seen)), [(e.scheduled_at, e.reason or e.outcome) for e in entries]
     assert not [e for e in entries if e.missed and e.node_id == "b"], entries
+
+
+async def test_a_gap_before_a_paused_term_is_recorded_when_it_resumes(
+    make: Factory, clock: FakeClock
+) -> None:
+    """a's job is paused when a is killed: b's term begins paused (no run, no checkpoint
+    read); the instants of the lease wait are recorded once b runs again, after its own
+    paused entries, and no instant is in the history twice."""
+    a, b = make("a"), make("b")
+    for jobs in (a, b):
+
+        @jobs.fixed_rate("tick", every=1.0)
+        async def tick() -> None:
+            pass
+
+    await a.start()
+    await clock.advance(0.01)
+    await b.start()
+    await clock.advance(2.5)
+    await a.pause("tick")
+    await clock.advance(1.0)
+    kill(a)
+    await clock.advance(7.0)
+    while_paused = await oldest_first(b, "tick")
+    assert {e.reason for e in while_paused if e.missed} == {DropReason.PAUSED.value}
+    await b.resume("tick")
+    await clock.advance(2.5)
+    entries = await oldest_first(b, "tick")
+    seen = [e.scheduled_at for e in entries]
+    assert len(seen) == len(set(seen)), entries
+    steps = {later - earlier for earlier, later in pairwise(sorted(seen))}
+    assert steps == {timedelta(seconds=1)}, sorted(seen)
+    gap_entries = [e for e in entries if e.reason == NO_LEADER]
+    assert gap_entries and {e.node_id for e in gap_entries} == {"b"}, entries
