@@ -7,6 +7,7 @@ test_history_processes.py."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from itertools import pairwise
 
@@ -15,6 +16,7 @@ from fake_nodes import kill, stop
 from test_runner import START, Factory, clock, make
 
 from fastapi_singletonjob import DropReason, Occurrence, SingletonJobs
+from fastapi_singletonjob._checkpoint import FinishedRun, Recorded
 from fastapi_singletonjob._run.misfire import Missed, gap, gap_budget, interval_gap
 from fastapi_singletonjob._schedule import Cron, FixedRate
 from fastapi_singletonjob.testing import FakeClock
@@ -385,3 +387,37 @@ async def test_a_gap_before_a_paused_term_is_recorded_when_it_resumes(
     assert steps == {timedelta(seconds=1)}, sorted(seen)
     gap_entries = [e for e in entries if e.reason == NO_LEADER]
     assert gap_entries and {e.node_id for e in gap_entries} == {"b"}, entries
+
+
+async def test_the_gap_goes_in_the_call_of_the_terms_first_record(
+    make: Factory, clock: FakeClock
+) -> None:
+    """No call of its own: the gap's entries are written by the record call of b's first
+    run, before it (and so the number of record calls is one per turn of records, as it is
+    without a gap)."""
+    a, b = make("a"), make("b")
+    for jobs in (a, b):
+
+        @jobs.fixed_rate("tick", every=1.0)
+        async def tick() -> None:
+            pass
+
+    await a.start()
+    await clock.advance(0.01)
+    await b.start()
+    store = b.engine.store  # type: ignore[union-attr]
+    calls: list[list[FinishedRun]] = []
+    record_runs = store.record_runs
+
+    async def spy(runs: Sequence[FinishedRun], **kwargs: float) -> Recorded:
+        calls.append(list(runs))
+        return await record_runs(runs, **kwargs)
+
+    store.record_runs = spy  # type: ignore[method-assign]
+    await clock.advance(2.5)
+    kill(a)
+    await clock.advance(6.0)
+    [with_gap] = [batch for batch in calls if any(run.missed for run in batch)]
+    kinds = [run.missed or "run" for run in with_gap]
+    assert kinds[-1] == "run" and set(kinds[:-1]) == {NO_LEADER}, kinds
+    assert all(len(batch) == 1 for batch in calls if batch is not with_gap)
