@@ -174,7 +174,10 @@ async def test_a_gap_entry_that_counts_stays_while_the_history_has_room(
     await b.start()
     await clock.advance(1.0)
     kill(a)
-    await clock.advance(2.7)  # b takes over (at 3.25) and runs 2 instants
+    for _ in range(200):  # until b has taken over and run twice (its takeover is jittered)
+        await clock.advance(0.05)
+        if b.status("tick").jobs[0].runs >= 2:
+            break
     entries = await oldest_first(b, "tick")
     missed = [e for e in entries if e.missed]
     [job] = b.status("tick").jobs
@@ -421,3 +424,30 @@ async def test_the_gap_goes_in_the_call_of_the_terms_first_record(
     kinds = [run.missed or "run" for run in with_gap]
     assert kinds[-1] == "run" and set(kinds[:-1]) == {NO_LEADER}, kinds
     assert all(len(batch) == 1 for batch in calls if batch is not with_gap)
+
+
+async def test_an_interval_gap_stops_at_the_terms_own_paused_instants(
+    make: Factory, clock: FakeClock
+) -> None:
+    a, b = make("a"), make("b")
+    for jobs in (a, b):
+
+        @jobs.interval("beat", every=1.0)
+        async def beat() -> None:
+            pass
+
+    await a.start()
+    await clock.advance(0.01)
+    await b.start()
+    await clock.advance(2.5)
+    await a.pause("beat")
+    await clock.advance(1.0)
+    kill(a)
+    await clock.advance(8.0)
+    await b.resume("beat")
+    await clock.advance(2.5)
+    entries = await oldest_first(b, "beat")
+    b_paused = [e for e in entries if e.node_id == "b" and e.reason == DropReason.PAUSED.value]
+    gap_entries = [e for e in entries if e.reason == NO_LEADER]
+    assert b_paused and gap_entries, entries
+    assert max(e.scheduled_at for e in gap_entries) < min(e.scheduled_at for e in b_paused)

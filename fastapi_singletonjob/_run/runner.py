@@ -286,7 +286,6 @@ class JobRunner:
             try:
                 load = self.progress.load(token, self.time_left())
                 checkpoint = await self._or_let_go(token, load)
-                self._backfill(token, checkpoint)
             except Exception as exc:
                 logger.warning(
                     "job %r: instant %s skipped on node %s: its checkpoint could not be read "
@@ -298,6 +297,7 @@ class JobRunner:
                 )
                 self._store_failed(token, sent_at, f"its checkpoint could not be read: {exc!r}")
                 return DropReason.STORE_ERROR
+            self._backfill(token, checkpoint)
             iteration = (checkpoint.iteration if checkpoint is not None else 0) + 1
         self._store_answered()
         return JobContext(
@@ -628,24 +628,32 @@ class JobRunner:
         budget = gap_budget(progress.history)
         first = self._first[1] if self._first is not None and self._first[0] == token else None
         reason = DropReason.NO_LEADER
-        if self.policy.after_run:
-            last, now = checkpoint.last_completed_at, progress.read_at
-            if last is None or now is None or not self.policy.period_s:
-                return 0
-            entries = interval_gap(
-                self.policy.period_s, last_completed_at=last, after=cursor, now=now, budget=budget
-            )
-        else:
-            bounds = [moment for moment in (until, first) if moment is not None]
-            if not bounds:
-                return 0
-            if self.policy.catch_up and self.spec.checkpoint:
-                reason = DropReason.MISFIRE_SKIPPED
-            try:
+        try:
+            if self.policy.after_run:
+                last, now = checkpoint.last_completed_at, progress.read_at
+                every_s = self.policy.period_s
+                if last is None or now is None or not every_s:
+                    return 0
+                if first is not None:  # this term's own instants (paused) are not the gap's
+                    now = min(now, first + timedelta(seconds=every_s))
+                entries = interval_gap(
+                    every_s, last_completed_at=last, after=cursor, now=now, budget=budget
+                )
+            else:
+                bounds = [moment for moment in (until, first) if moment is not None]
+                if not bounds:
+                    return 0
+                if self.policy.catch_up and self.spec.checkpoint:
+                    reason = DropReason.MISFIRE_SKIPPED
                 entries = gap(self.spec.schedule, after=cursor, before=min(bounds), budget=budget)
-            except Exception:  # the schedule's own failure is the timer's to report
-                logger.debug("job %r: its gap could not be computed", self.spec.name, exc_info=True)
-                return 0
+        except Exception:  # a custom schedule's failure is the timer's to report; no gap
+            logger.warning(
+                "job %r: node %s could not find the instants no node ran before its term",
+                self.spec.name,
+                self.node,
+                exc_info=True,
+            )
+            return 0
         if not entries:
             return 0
         counted = sum(entry.count or 1 for entry in entries)
