@@ -451,3 +451,24 @@ async def test_an_interval_gap_stops_at_the_terms_own_paused_instants(
     gap_entries = [e for e in entries if e.reason == NO_LEADER]
     assert b_paused and gap_entries, entries
     assert max(e.scheduled_at for e in gap_entries) < min(e.scheduled_at for e in b_paused)
+
+
+async def test_a_stall_is_one_late_entry_that_counts_its_instants(
+    make: Factory, clock: FakeClock
+) -> None:
+    """The ticks a stalled leader skips are one "late" entry with their count and last
+    instant: the history then accounts for them, and no later leader finds them a gap."""
+    jobs = make(lock_expiry=100.0)
+
+    @jobs.fixed_rate("tick", every=0.1)
+    async def tick() -> None:
+        pass
+
+    await jobs.start()
+    await clock.advance(1.0)
+    clock.stall(5.0)
+    await clock.advance(0.0)
+    await clock.advance(0.25)
+    [late] = [e for e in await jobs.history("tick") if e.reason == DropReason.LATE.value]
+    assert late.count is not None and late.count >= 49 and late.last_at is not None
+    assert late.last_at - late.scheduled_at == timedelta(seconds=0.1) * (late.count - 1)

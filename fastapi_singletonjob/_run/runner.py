@@ -34,7 +34,7 @@ from .._history import cursor_of
 from .._job.context import JobContext
 from .._job.spec import JobSpec
 from .._outcomes import DropReason, JobStats, Outcome, RunRecord
-from .._schedule import count_instants, policy_of
+from .._schedule import count_instants, latest_instant, policy_of
 from .._store.base import ClaimResult
 from .._telemetry import NOT_LEADER, Telemetry
 from .invoke import Invoker, NotStarted, summary
@@ -179,9 +179,16 @@ class JobRunner:
         or by default until the following instant."""
         return within_grace(self.spec.schedule, self.spec.misfire_grace_s, instant, now)
 
-    def drop(self, reason: DropReason, count: int = 1, instant: datetime | None = None) -> None:
-        """Count ``count`` ticks dropped for ``reason``; while this node leads, the first
-        one's ``instant`` (when known) goes to the job's history, with the reason."""
+    def drop(
+        self,
+        reason: DropReason,
+        count: int = 1,
+        instant: datetime | None = None,
+        last: datetime | None = None,
+    ) -> None:
+        """Count ``count`` ticks dropped for ``reason``; while this node leads, they go to
+        the job's history as one entry, with the reason, when the first one's ``instant`` is
+        known (and the last one, ``last``, for more than one, when known)."""
         self.stats.dropped[reason] += count
         token = self.lease.token
         if (
@@ -191,7 +198,9 @@ class JobRunner:
             and self._leadership.is_leader(self.spec.name, token)
         ):
             self._handled(token, instant)
-            self.progress.missed(token, instant, reason.value, self.time_left(), count=count)
+            self.progress.missed(
+                token, instant, reason.value, self.time_left(), count=count, last_at=last
+            )
         self._telemetry.drop(self.spec.name, reason.value, count)
         logger.debug(
             "job %r dropped %d tick(s) on node %s: %s", self.spec.name, count, self.node, reason
@@ -584,11 +593,9 @@ class JobRunner:
                 if self.lease.paused:
                     # A pause ends the catch-up: the instants that came are dropped as
                     # paused (as the timer drops those that come while it lasts).
-                    self.drop(
-                        DropReason.PAUSED,
-                        count_instants(schedule, instant, now, _MAX_COUNTED),
-                        instant,
-                    )
+                    count = count_instants(schedule, instant, now, _MAX_COUNTED)
+                    last = latest_instant(schedule, instant, now) if count > 1 else None
+                    self.drop(DropReason.PAUSED, count, instant, last)
                     return
                 if is_late(instant, now, grace_s):
                     self.drop(DropReason.LATE, instant=instant)
