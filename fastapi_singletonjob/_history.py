@@ -179,11 +179,14 @@ def next_mark(mark: str | None, token: str, latest_us: int) -> str:
     return f"{at}:{token}:{'' if before is None else before}"
 
 
-def cursor_of(mark: str | None, token: int) -> int | None:
-    """The latest instant (µs) the history accounts for before term ``token``, read from the
-    checkpoint's ``history`` field; None when it has none (a first term, a reset checkpoint,
-    a record from before this field, or a value no script writes)."""
+def cursor_of(mark: str | None, token: int, job: str = "") -> int | None:
+    """The latest instant (µs) the history accounts for before term ``token``, read from
+    job ``job``'s checkpoint's ``history`` field; None when it has none (a first term, a
+    reset checkpoint, a record from before this field, or a value no script writes, which
+    is said once: the next entry replaces it)."""
     at, by, before = _mark(mark)
+    if mark and at is None:
+        odd_value(f"the history mark of job {job!r}", mark, "read as none: no gap is looked for")
     return before if by == str(token) else at
 
 

@@ -17,6 +17,7 @@ from test_runner import START, Factory, clock, make
 
 from fastapi_singletonjob import DropReason, Occurrence, SingletonJobs
 from fastapi_singletonjob._checkpoint import FinishedRun, Recorded
+from fastapi_singletonjob._history import cursor_of, next_mark
 from fastapi_singletonjob._run.misfire import Missed, gap, gap_budget, interval_gap
 from fastapi_singletonjob._schedule import Cron, FixedRate
 from fastapi_singletonjob.testing import FakeClock
@@ -472,3 +473,17 @@ async def test_a_stall_is_one_late_entry_that_counts_its_instants(
     [late] = [e for e in await jobs.history("tick") if e.reason == DropReason.LATE.value]
     assert late.count is not None and late.count >= 49 and late.last_at is not None
     assert late.last_at - late.scheduled_at == timedelta(seconds=0.1) * (late.count - 1)
+
+
+def test_a_mark_no_script_writes_reads_as_none_and_is_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert cursor_of("12:7:", 8, "job") == 12 and cursor_of("12:7:", 7, "job") is None
+    assert cursor_of("12:7:5", 7, "job") == 5
+    with caplog.at_level("WARNING"):
+        assert cursor_of("twelve", 8, "job") is None
+        assert cursor_of("1:2:x", 8, "job") is None
+    assert "history mark of job 'job'" in caplog.text
+    assert next_mark("twelve", "8", 20) == "20:8:"
+    assert next_mark("12:7:5", "7", 20) == "20:7:5"
+    assert next_mark("12:7:5", "8", 10) == "12:8:12"

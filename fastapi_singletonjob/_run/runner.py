@@ -628,7 +628,7 @@ class JobRunner:
         if progress is None or progress.history <= 0 or self._opened == token:
             return 0
         self._opened = token
-        cursor_us = cursor_of(progress.mark, token)
+        cursor_us = cursor_of(progress.mark, token, self.spec.name)
         if checkpoint is None or cursor_us is None:
             return 0
         cursor = from_unix_us(cursor_us)
