@@ -696,7 +696,7 @@ for i = 1, #KEYS / 3 do
     end
     if keep > 0 then
       note(history, keep, retention, entry)
-      if kind == 'r' or redis.call('EXISTS', record) == 1 then
+      if kind == 'r' or redis.call('HEXISTS', record, 'iteration') == 1 then
         marked(record, token, latest)
       end
     end
