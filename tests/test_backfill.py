@@ -8,6 +8,7 @@ test_history_processes.py."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from itertools import pairwise
 
@@ -15,7 +16,7 @@ import pytest
 from fake_nodes import kill, stop
 from test_runner import START, Factory, clock, make
 
-from fastapi_singletonjob import DropReason, Occurrence, SingletonJobs
+from fastapi_singletonjob import DropReason, HistoryEntry, Occurrence, SingletonJobs
 from fastapi_singletonjob._checkpoint import FinishedRun, Recorded
 from fastapi_singletonjob._history import cursor_of, next_mark
 from fastapi_singletonjob._run.misfire import Missed, gap, gap_budget, interval_gap
@@ -34,17 +35,6 @@ def at(seconds: float) -> datetime:
 
 async def oldest_first(jobs: SingletonJobs, name: str) -> list[Occurrence]:
     return list(reversed(await jobs.history(name)))
-
-
-def instants(entries: list[Occurrence]) -> list[datetime]:
-    """Every instant the entries stand for (an entry with a count: from its first on)."""
-    out = []
-    for entry in entries:
-        out.append(entry.scheduled_at)
-        if entry.count is not None and entry.count > 1:
-            assert entry.last_at is not None
-            out.append(entry.last_at)
-    return out
 
 
 async def failover(make: Factory, clock: FakeClock, define: object, run_s: float) -> SingletonJobs:
@@ -242,20 +232,16 @@ async def test_a_cron_gap_is_misfire_skipped_and_caught_up_instants_are_runs(
 
     b = await failover(make, clock, define, 3.5)
     entries = await oldest_first(b, "sec")
-    seen = instants(entries)
-    assert len(seen) == len(set(seen)), entries
+    covered = [
+        entry.scheduled_at + timedelta(seconds=k)
+        for entry in entries
+        for k in range(entry.count or 1)
+    ]
+    assert len(covered) == len(set(covered)), entries
+    whole = {min(covered) + timedelta(seconds=k) for k in range(len(covered))}
+    assert set(covered) == whole, sorted(whole - set(covered))
     missed = [e for e in entries if e.missed]
     assert missed and all(e.reason == SKIPPED for e in missed), entries
-    covered = set(seen)
-    first, last = min(seen), max(seen)
-    whole = {first + timedelta(seconds=k) for k in range(int((last - first).total_seconds()) + 1)}
-    assert whole <= covered | {
-        first + timedelta(seconds=k)
-        for e in missed
-        if e.count and e.count > 1 and e.last_at
-        for k in range(int((e.last_at - first).total_seconds()) + 1)
-        if first + timedelta(seconds=k) >= e.scheduled_at
-    }, sorted(whole - covered)
     b_runs = [e for e in entries if not e.missed and e.node_id == "b"]
     caught_up = [e for e in b_runs if e.scheduled_at < min(m.scheduled_at for m in missed)]
     if misfire == "skip":
@@ -487,3 +473,11 @@ def test_a_mark_no_script_writes_reads_as_none_and_is_said(
     assert next_mark("twelve", "8", 20) == "20:8:"
     assert next_mark("12:7:5", "7", 20) == "20:7:5"
     assert next_mark("12:7:5", "8", 10) == "12:8:12"
+
+
+def test_the_status_route_shows_a_counted_entry() -> None:
+    entry = Occurrence(at(1), True, "b", 7, at(9), reason=NO_LEADER, count=8, last_at=at(8))
+    shown = HistoryEntry.of(entry)
+    assert (shown.kind, shown.count, shown.last_at) == ("missed", 8, at(8))
+    assert shown.reason_text is not None and "no node led the job" in shown.reason_text
+    assert HistoryEntry.of(replace(entry, count=None)).count is None
