@@ -33,9 +33,10 @@ __all__ = [
 _MAX_COUNTED_LATE = 10**4
 MAX_GAP_ENTRIES = 50
 """Most history entries one gap adds (half the history when that is less)."""
-_MAX_GAP_WALK = 200
-"""Most ``next_fire`` calls in one walk of a gap (a cron step costs about 0.1 ms)."""
-_MAX_GAP_WINDOWS = 12
+_MAX_GAP_WALK = 100
+"""Most ``next_fire`` calls in one walk of a gap (a cron step costs 0.1 to 0.3 ms: a gap is
+found once per term, and must not hold up the election's loop)."""
+_MAX_GAP_WINDOWS = 4
 _ONE_US = timedelta(microseconds=1)
 
 
@@ -72,11 +73,16 @@ def gap(schedule: Schedule, *, after: datetime, before: datetime, budget: int) -
         older, newest = walked[: len(walked) - keep], walked[len(walked) - keep :]
         summary = Missed(older[0], len(older), older[-1] if len(older) > 1 else None)
         return [summary, *(Missed(instant) for instant in newest)]
-    newest = _newest(schedule, after, before, keep, walked) if keep else []
+    window = _window(schedule, after, before, keep, walked) if keep else []
+    newest = window[-keep:] if keep else []
     stop = newest[0] if newest else before
     fast = getattr(schedule, "ticks_between", None)
-    count = int(fast(after, stop - _ONE_US)) if fast is not None else 0
-    last = latest_instant(schedule, walked[0], stop - _ONE_US)
+    if fast is not None:  # a grid: counted, and its last instant found, at no cost
+        count = int(fast(after, stop - _ONE_US))
+        last = latest_instant(schedule, walked[0], stop - _ONE_US)
+    else:
+        count = 0
+        last = window[-keep - 1] if len(window) > keep else None
     summary = Missed(walked[0], count, last)
     return [summary, *(Missed(instant) for instant in newest)]
 
@@ -115,23 +121,24 @@ def _walk(schedule: Schedule, after: datetime, before: datetime) -> tuple[list[d
     return found, False
 
 
-def _newest(
+def _window(
     schedule: Schedule, after: datetime, before: datetime, keep: int, walked: list[datetime]
 ) -> list[datetime]:
-    """The last ``keep`` instants before ``before`` of a gap too long to walk: walked from a
-    window before ``before``, narrowed or widened until it holds them and can be walked."""
-    span = (walked[-1] - after) * (2 * keep / len(walked))
+    """The instants of a window that ends at ``before`` and holds at least the last ``keep``
+    of a gap too long to walk (when the schedule is regular enough to be found in
+    ``_MAX_GAP_WINDOWS`` tries): sized from the walked instants, narrowed or widened."""
+    span = (walked[-1] - after) * ((keep + 1.5) / len(walked))
     found: list[datetime] = []
     for _ in range(_MAX_GAP_WINDOWS):
         start = max(after, before - span)
         found, complete = _walk(schedule, start, before)
         if not complete:
             span /= 2
-        elif len(found) >= keep or start == after:
+        elif len(found) > keep or start == after:
             break
         else:
             span *= 2
-    return found[-keep:]
+    return found
 
 
 def within_grace(
