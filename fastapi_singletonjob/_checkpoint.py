@@ -15,6 +15,8 @@ field                  content
 ``node_id``            the node that wrote last
 ``fencing_token``      the term that wrote last
 ``state``              the job's state: the JSON text ``encode_state`` made, byte for byte
+``history``            where the run history stands (``_history``: the mark a new leader
+                       reads with the record; not part of ``Checkpoint``)
 =====================  ====================================================================
 
 Which clock each time is on. ``last_completed_us`` is the store's, never a node's: the
@@ -127,6 +129,11 @@ class FinishedRun(NamedTuple):
     missed: str | None = None
     """Not a run but an instant the leader did not run, and why (a ``DropReason`` value):
     only a history entry, the checkpoint is left as it is."""
+    instants: int = 1
+    """A missed entry: how many instants it stands for, from ``scheduled_at`` on (0: more
+    than were counted)."""
+    last_at: datetime | None = None
+    """A missed entry of more than one instant: the last one, when known."""
 
 
 @dataclass(frozen=True, slots=True)

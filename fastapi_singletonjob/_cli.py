@@ -281,6 +281,10 @@ async def _history(
     for entry in entries:
         if entry.missed:
             what = f"missed   {entry.reason}: {MISSED_REASONS.get(entry.reason or '', '')}"
+            if entry.count != 1:
+                many = "more than could be counted" if entry.count is None else entry.count
+                until = f" to {_when(entry.last_at)}" if entry.last_at is not None else ""
+                what += f" ({many} instants{until})"
         else:
             took = f"{(entry.duration_s or 0.0) * 1000:.1f} ms"
             what = f"{entry.outcome:<8} {took}" + (f"  {entry.error}" if entry.error else "")

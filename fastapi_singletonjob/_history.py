@@ -19,7 +19,18 @@ key      content
 ``t``    the fencing token of its term, as text (tokens take 64 bits)
 ``o``    the run's outcome (``Outcome``), or the missed instant's reason (``DropReason``)
 ``e``    the run's error, shortened (``MAX_ERROR_CHARS``); absent after a success
+``c``    a missed entry that stands for more than one instant: how many, from ``at``
+         on (0: more than were counted); absent for one
+``to``   with ``c``: the last instant it stands for (µs), when known
 =======  ==========================================================================
+
+Where the history stands is kept in the checkpoint record (field ``history``, written by
+``RECORD_RUN`` with each entry): ``"<latest µs>:<token>:<before µs>"``, the latest instant an
+entry stands for, the term that wrote it, and the latest instant of the terms before it
+(``""`` when none). A new leader reads it with the checkpoint (``cursor_of``) and records the
+instants of the schedule after it that no node ran (``_run.misfire.gap``: "no leader", or
+"misfire skipped" where a misfire policy chose not to run them); those of its own term are
+not taken for another's, even when its first entries reach Redis before its read.
 
 Reading never raises for what it finds: an entry that is not one is left out, and said once
 (``_odd``).
@@ -45,7 +56,9 @@ __all__ = [
     "Occurrence",
     "check_history",
     "check_limit",
+    "cursor_of",
     "history_entry",
+    "next_mark",
     "parse_entries",
 ]
 
@@ -64,6 +77,10 @@ MISSED_REASONS: dict[str, str] = {
     DropReason.CLOCK_AHEAD.value: "the leader's wall clock was ahead of Redis's: not run",
     DropReason.STORE_ERROR.value: "Redis did not answer the instant's claim within its grace",
     DropReason.PAUSED.value: "an operator had paused the job",
+    DropReason.NO_LEADER.value: "no node led the job (its leader was killed or stopping): "
+    "recorded by the next leader",
+    DropReason.MISFIRE_SKIPPED.value: "no node led the job, and the next leader did not run "
+    "it, as misfire= says",
 }
 """Why an instant did not run, in a line, by reason (``Occurrence.reason``)."""
 
@@ -92,6 +109,11 @@ class Occurrence:
     """Why the instant did not run (a ``DropReason`` value; ``MISSED_REASONS`` explains it)."""
     error: str | None = None
     """The run's error, shortened; None after a success."""
+    count: int | None = 1
+    """How many instants the entry stands for: 1, or, for an entry that sums up instants
+    not run from ``scheduled_at`` on, how many (None: more than were counted)."""
+    last_at: datetime | None = None
+    """With a ``count`` above 1: the last instant it stands for, when known."""
 
 
 def check_history(value: object, *, job: str | None = None) -> int:
@@ -129,6 +151,8 @@ def history_entry(
     token: str,
     outcome: str,
     error: str,
+    count: int = 1,
+    last_us: int = 0,
 ) -> str:
     """The JSON text of one entry, as ``RECORD_RUN`` writes it (the memory store's copy)."""
     entry: dict[str, Any] = {"k": "missed" if missed else "run", "at": scheduled_us}
@@ -137,7 +161,43 @@ def history_entry(
     entry.update(end=recorded_us, n=node_id, t=token, o=outcome)
     if error:
         entry["e"] = error
+    if missed and count != 1:
+        entry["c"] = count
+        if last_us > scheduled_us:
+            entry["to"] = last_us
     return json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
+
+
+def next_mark(mark: str | None, token: str, latest_us: int) -> str:
+    """The checkpoint's ``history`` field after an entry of term ``token`` that stands for
+    instants up to ``latest_us`` (as ``RECORD_RUN`` writes it: the memory store's copy)."""
+    at, by, before = _mark(mark)
+    if by != token:  # a new term's first entry: what came before it is kept apart
+        before = at
+    if at is None or latest_us > at:
+        at = latest_us
+    return f"{at}:{token}:{'' if before is None else before}"
+
+
+def cursor_of(mark: str | None, token: int, job: str = "") -> int | None:
+    """The latest instant (µs) the history accounts for before term ``token``, read from
+    job ``job``'s checkpoint's ``history`` field; None when it has none (a first term, a
+    reset checkpoint, a record from before this field, or a value no script writes, which
+    is said once: the next entry replaces it)."""
+    at, by, before = _mark(mark)
+    if mark and at is None:
+        odd_value(f"the history mark of job {job!r}", mark, "read as none: no gap is looked for")
+    return before if by == str(token) else at
+
+
+def _mark(mark: str | None) -> tuple[int | None, str, int | None]:
+    parts = (mark or "").split(":")
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts[:2]):
+        return None, "", None
+    before = parts[2]
+    if before and not (before.isascii() and before.isdigit()):
+        return None, "", None
+    return int(parts[0]), parts[1], int(before) if before else None
 
 
 def parse_entries(job: str, raw: list[Any]) -> list[Occurrence]:
@@ -179,9 +239,16 @@ def _parse(text: str) -> Occurrence | None:
             outcome=None if missed else Outcome(word).value,
             reason=DropReason(word).value if missed else None,
             error=error if isinstance(error, str) else None,
+            count=_count(entry.get("c", 1)) if missed else 1,
+            last_at=from_unix_us(_whole(entry["to"])) if missed and "to" in entry else None,
         )
     except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
         return None
+
+
+def _count(value: object) -> int | None:
+    count = _whole(value)
+    return count or None
 
 
 def _whole(value: object) -> int:

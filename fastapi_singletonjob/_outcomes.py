@@ -23,7 +23,8 @@ class Outcome(str, enum.Enum):
 
 
 class DropReason(str, enum.Enum):
-    """Why a tick did not start a run on a node that leads the job."""
+    """Why a tick did not start a run on a node that leads the job (``NO_LEADER`` and
+    ``MISFIRE_SKIPPED``: on any node, as the next leader finds it)."""
 
     OVERLAP = "overlap"
     """The previous run was still going: the tick is dropped, never queued."""
@@ -41,6 +42,13 @@ class DropReason(str, enum.Enum):
     it never runs twice."""
     PAUSED = "paused"
     """An operator paused the job (``jobs.pause``): its ticks are skipped until it resumes."""
+    NO_LEADER = "no_leader"
+    """No node led the job at the instant (its leader was killed or stopping, the lease not
+    yet expired): found from the schedule, and recorded, by the next leader."""
+    MISFIRE_SKIPPED = "misfire_skipped"
+    """A cron or custom instant that no node led at, which the next leader did not run, as its
+    ``misfire`` policy says (``skip``; ``run_once``: all but the latest; ``catch_up``: past
+    ``misfire_grace``)."""
 
 
 @dataclass(slots=True)

@@ -325,7 +325,7 @@ async def test_a_run_is_stamped_and_read_on_the_stores_clock(case: Case) -> None
     before = datetime.now(UTC)
 
     written = await record(case.store, token, at=SCHEDULED)  # the writer's instant: 2024
-    read, store_now = await case.store.load_checkpoint(JOB)
+    read, store_now, _ = await case.store.load_checkpoint(JOB)
 
     assert read == written and read is not None and read.last_completed_at is not None
     assert before - CLOCKS_APART <= read.last_completed_at <= store_now
@@ -344,7 +344,7 @@ async def test_the_memory_store_stamps_and_reads_its_clocks_now(unique_project: 
 
     assert written is not None
     assert written.last_completed_at == SCHEDULED + timedelta(seconds=2.5)
-    assert await store.load_checkpoint(JOB) == (written, SCHEDULED + timedelta(seconds=3.5))
+    assert await store.load_checkpoint(JOB) == (written, SCHEDULED + timedelta(seconds=3.5), None)
 
 
 MOMENTS = {
@@ -844,7 +844,7 @@ async def test_redis_reads_at_the_start_of_many_terms_go_together(
         await store.aclose()
 
     assert calls["hgetall"] == len(jobs) and calls["time"] <= 2, calls
-    records = [record for record, _ in loaded]
+    records = [record for record, _, _ in loaded]
     assert records[3] is not None and records[3].iteration == 1
     assert all(record is None for i, record in enumerate(records) if i != 3)
-    assert len({now for _, now in loaded}) <= 2
+    assert len({now for _, now, _ in loaded}) <= 2

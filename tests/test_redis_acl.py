@@ -4,6 +4,7 @@ claims), and the server logs no refused command."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from pathlib import Path
@@ -67,6 +68,13 @@ async def test_item12_the_documented_acl_serves_every_call(
         # The operators' calls and the cluster view, under the same rules.
         await leader.pause("every-second")
         await wait_until(lambda: follower.status().jobs[0].paused, 2.0, "paused")
+        # An instant not run goes to the history (RECORD_RUN's missed entry and the mark).
+        for _ in range(40):
+            entries = await follower.history("every-second")
+            if any(entry.reason == "paused" for entry in entries):
+                break
+            await asyncio.sleep(0.1)
+        assert any(entry.reason == "paused" for entry in entries), entries
         await leader.resume("every-second")
         await follower.trigger("every-second")
         await follower.step_down("every-second")

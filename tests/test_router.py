@@ -753,6 +753,8 @@ async def test_status_returns_what_get_jobs_serves() -> None:
         "clock_ahead": 0,
         "store_error": 0,
         "paused": 0,
+        "no_leader": 0,
+        "misfire_skipped": 0,
     }
     assert off_view["enabled"] is False
     assert checkpoints["tick"]["iteration"] == 3 and one_checkpoint == checkpoints["tick"]

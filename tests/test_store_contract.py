@@ -24,8 +24,9 @@ from redis_cluster import TestCluster
 from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
-from fastapi_singletonjob._checkpoint import FinishedRun, to_unix_us
+from fastapi_singletonjob._checkpoint import FinishedRun, from_unix_us, to_unix_us
 from fastapi_singletonjob._clock import SystemClock
+from fastapi_singletonjob._history import cursor_of
 from fastapi_singletonjob._lock_value import SHOWN_VALUE_CHARS
 from fastapi_singletonjob._outcomes import Outcome
 from fastapi_singletonjob._store import keys as _keys
@@ -415,6 +416,59 @@ async def test_claims_survive_a_change_of_leader(case: Case) -> None:
     assert await store.claim("job", f"{second}|n2", 5_000) == 0, "already run by n1"
     assert await store.claim("job", f"{second}|n2", 5_000) == 0, "still n1's, retried"
     assert await store.claim("job", f"{second}|n2", 6_000) == 1
+
+
+async def test_issue30_the_history_mark_keeps_a_terms_own_entries_apart(case: Case) -> None:
+    """Each history entry moves the record's mark to the latest instant it stands for; a
+    new term reads where the terms before it left the history, even once its own first
+    entries are in (they may reach Redis before its read); a missed entry of several
+    instants carries their count and last one; a missed entry creates no record."""
+    store = case.store
+    us = 1_700_000_000_000_000
+
+    def entry(token: int, node: str, first_us: int, **kwargs: object) -> FinishedRun:
+        return FinishedRun(
+            "job",
+            token,
+            node,
+            Outcome.SUCCESS,
+            from_unix_us(first_us),
+            None,
+            60.0,
+            history=10,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    first = await new_term(store, "n1")
+    gap = entry(first, "n1", us, missed="paused")
+    assert (await store.record_runs([gap])).iterations == [0]
+    assert (await store.load_checkpoint("job"))[::2] == (None, None), "no record made"
+    await store.record_runs([entry(first, "n1", us + 1_000_000)])
+    many = entry(
+        first,
+        "n1",
+        us + 2_000_000,
+        missed="no_leader",
+        instants=3,
+        last_at=from_unix_us(us + 4_000_000),
+    )
+    unknown = entry(first, "n1", us + 5_000_000, missed="misfire_skipped", instants=0)
+    await store.record_runs([many, unknown])
+    _, _, mark = await store.load_checkpoint("job")
+    assert cursor_of(mark, first) is None, "nothing before the first term"
+    assert cursor_of(mark, first + 1) == us + 5_000_000
+    [newest, counted, *_] = await store.read_history("job", limit=10)
+    assert (newest.count, newest.last_at, newest.reason) == (None, None, "misfire_skipped")
+    assert (counted.count, counted.last_at) == (3, from_unix_us(us + 4_000_000))
+
+    assert await store.release("n1", {"job": f"{first}|n1"}) == 1
+    second = await new_term(store, "n2")
+    await store.record_runs([entry(second, "n2", us + 9_000_000, missed="paused")])
+    _, _, mark = await store.load_checkpoint("job")
+    assert cursor_of(mark, second) == us + 5_000_000, "its own entry does not hide the gap"
+    assert cursor_of(mark, second + 1) == us + 9_000_000
+    assert await store.record_runs([entry(first, "n1", us + 10_000_000)]) is not None
+    assert cursor_of((await store.load_checkpoint("job"))[2], second) == us + 5_000_000
 
 
 async def test_ping(case: Case) -> None:

@@ -173,6 +173,8 @@ async def test_series_start_at_zero_for_every_registered_job(
         "clock_ahead",
         "store_error",
         "paused",
+        "no_leader",
+        "misfire_skipped",
         "not_leader",
     }
     assert otel.value("singletonjob.leader", **{"singletonjob.job": "report"}) == 1

@@ -43,6 +43,7 @@ class Progress:
     __slots__ = (
         "_cached",
         "_generation",
+        "_held",
         "_history",
         "_job",
         "_max_bytes",
@@ -55,6 +56,7 @@ class Progress:
         "_store",
         "_term",
         "_unwritten",
+        "mark",
         "read_at",
     )
 
@@ -93,6 +95,16 @@ class Progress:
         of what is stored now."""
         self._unwritten = 0
         """Records put (``record``) whose write the store has not answered yet."""
+        self.mark: str | None = None
+        """Where the history stood when ``load`` last read the record (``_history``)."""
+        self._held: tuple[int, list[FinishedRun]] | None = None
+        """A term's entries for the instants before it that no node ran (``hold``), put with
+        its next record so that they cost no call of their own."""
+
+    @property
+    def history(self) -> int:
+        """How many occurrences the job's history keeps (0: none)."""
+        return self._history
 
     def loaded_for(self, token: int) -> bool:
         """Whether the checkpoint is known for term ``token`` (no read needed)."""
@@ -108,7 +120,7 @@ class Progress:
         run of a term (``ConnectionError`` when the store does not answer in time)."""
         if self._term != token:
             generation = self._generation
-            self._cached, self.read_at = await self._store.load_checkpoint(
+            self._cached, self.read_at, self.mark = await self._store.load_checkpoint(
                 self._job, timeout_s=timeout_s
             )
             self._state = None if self._cached is None else self._cached.state
@@ -124,6 +136,7 @@ class Progress:
         self._generation += 1
         self._term = None
         self._state_known = False
+        self._held = None  # no instant before a reset is found missed
 
     def record(
         self,
@@ -181,14 +194,52 @@ class Progress:
         done = functools.partial(
             self._written, token, scheduled_at, completed_at, self._generation, written
         )
+        self._put_held(token, timeout_s)
         self._recorder.put(run, timeout_s, done)
 
-    def missed(self, token: int, scheduled_at: datetime, reason: str, timeout_s: float) -> None:
+    def missed(
+        self,
+        token: int,
+        scheduled_at: datetime,
+        reason: str,
+        timeout_s: float,
+        *,
+        count: int = 1,
+        last_at: datetime | None = None,
+    ) -> None:
         """Add to the job's history, fenced and off the run path, that term ``token`` did not
-        run ``scheduled_at``, and why (a ``DropReason`` value); nothing without a history."""
+        run ``scheduled_at`` (and ``count`` instants from it, up to ``last_at``: 0 for more
+        than were counted), and why (a ``DropReason`` value); nothing without a history."""
         if self._history <= 0 or timeout_s <= 0:
             return
-        run = FinishedRun(
+        self._put_held(token, timeout_s)
+        self._recorder.put(
+            self._missed(token, scheduled_at, reason, count, last_at), timeout_s, _ignored
+        )
+
+    def hold(
+        self, token: int, entries: list[tuple[datetime, int, datetime | None]], reason: str
+    ) -> None:
+        """Keep term ``token``'s entries for the instants before it that no node ran, each
+        ``(first, count, last)``, until the term's next record (run or missed instant) goes:
+        they go in its call, before it. A term that records nothing records none of them
+        either; the history's mark has not moved, so its successor finds them again."""
+        if self._history > 0 and entries:
+            held = [
+                self._missed(token, first, reason, count, last) for first, count, last in entries
+            ]
+            self._held = (token, held)
+
+    def _put_held(self, token: int, timeout_s: float) -> None:
+        held, self._held = self._held, None
+        if held is not None and held[0] == token:
+            for run in held[1]:
+                self._recorder.put(run, timeout_s, _ignored)
+
+    def _missed(
+        self, token: int, scheduled_at: datetime, reason: str, count: int, last_at: datetime | None
+    ) -> FinishedRun:
+        return FinishedRun(
             self._job,
             token,
             self._node_id,
@@ -198,8 +249,9 @@ class Progress:
             self._retention_s,
             history=self._history,
             missed=reason,
+            instants=count,
+            last_at=last_at,
         )
-        self._recorder.put(run, timeout_s, _ignored)
 
     def _written(
         self,

@@ -28,17 +28,27 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from .._aio import within
-from .._checkpoint import Checkpoint, to_unix_us
+from .._checkpoint import Checkpoint, from_unix_us, to_unix_us
 from .._clock import Clock
+from .._history import cursor_of
 from .._job.context import JobContext
 from .._job.spec import JobSpec
 from .._outcomes import DropReason, JobStats, Outcome, RunRecord
-from .._schedule import count_instants, policy_of
+from .._schedule import count_instants, latest_instant, policy_of
 from .._store.base import ClaimResult
 from .._telemetry import NOT_LEADER, Telemetry
 from .invoke import Invoker, NotStarted, summary
 from .leadership import Leadership, TermView
-from .misfire import is_late, next_missed, plan_catch_up, put_off_s, within_grace
+from .misfire import (
+    gap,
+    gap_budget,
+    interval_gap,
+    is_late,
+    next_missed,
+    plan_catch_up,
+    put_off_s,
+    within_grace,
+)
 from .progress import Progress, no_checkpoint
 
 __all__ = ["JobRunner"]
@@ -48,6 +58,7 @@ logger = logging.getLogger("fastapi_singletonjob.runner")
 T = TypeVar("T")
 
 _CLAIM_RETRY_S = 0.05
+_ONE_US = timedelta(microseconds=1)
 RECORD_AFTER_CANCEL_S = 2.0
 """Longest wait for the checkpoint record of a run cancelled from outside (shutdown): well
 within the engine's grace for cancelled runs (``CANCEL_GRACE_S``), after which their locks
@@ -65,15 +76,18 @@ class JobRunner:
 
     __slots__ = (
         "_all_written",
+        "_catching_up",
         "_claimed_term",
         "_closed",
         "_current",
         "_failing",
+        "_first",
         "_invoker",
         "_iteration",
         "_leadership",
         "_let_go_timer",
         "_on_end",
+        "_opened",
         "_rng",
         "_task_name",
         "_telemetry",
@@ -125,6 +139,12 @@ class JobRunner:
         self._all_written: asyncio.Future[None] | None = None
         """Made by ``written`` while records are on their way, resolved when ``_unwritten``
         falls back to 0."""
+        self._catching_up = False
+        """A ``misfire="catch_up"`` loop is in flight: it runs each instant that comes."""
+        self._first: tuple[int, datetime] | None = None
+        """(term, instant): the first instant this node ran, or did not, in that term."""
+        self._opened: int | None = None
+        """The last term whose gap (``_backfill``) was looked at."""
         self._failing: tuple[int, float] | None = None
         """(term, since): the runs of that term could not start since that monotonic time,
         as the store's claims or checkpoint calls failed or timed out; None once one did."""
@@ -159,9 +179,16 @@ class JobRunner:
         or by default until the following instant."""
         return within_grace(self.spec.schedule, self.spec.misfire_grace_s, instant, now)
 
-    def drop(self, reason: DropReason, count: int = 1, instant: datetime | None = None) -> None:
-        """Count ``count`` ticks dropped for ``reason``; while this node leads, the first
-        one's ``instant`` (when known) goes to the job's history, with the reason."""
+    def drop(
+        self,
+        reason: DropReason,
+        count: int = 1,
+        instant: datetime | None = None,
+        last: datetime | None = None,
+    ) -> None:
+        """Count ``count`` ticks dropped for ``reason``; while this node leads, they go to
+        the job's history as one entry, with the reason, when the first one's ``instant`` is
+        known (and the last one, ``last``, for more than one, when known)."""
         self.stats.dropped[reason] += count
         token = self.lease.token
         if (
@@ -170,7 +197,10 @@ class JobRunner:
             and token is not None
             and self._leadership.is_leader(self.spec.name, token)
         ):
-            self.progress.missed(token, instant, reason.value, self.time_left())
+            self._handled(token, instant)
+            self.progress.missed(
+                token, instant, reason.value, self.time_left(), count=count, last_at=last
+            )
         self._telemetry.drop(self.spec.name, reason.value, count)
         logger.debug(
             "job %r dropped %d tick(s) on node %s: %s", self.spec.name, count, self.node, reason
@@ -208,6 +238,8 @@ class JobRunner:
             self._telemetry.drop(self.spec.name, NOT_LEADER)
             return None
         if self._current is not None:
+            if self._catching_up:  # its loop runs this instant too, in order: not dropped
+                return None
             self.drop(DropReason.OVERLAP, instant=scheduled_at)
             return None
         claim = self.policy.claims_every_instant or (
@@ -274,6 +306,7 @@ class JobRunner:
                 )
                 self._store_failed(token, sent_at, f"its checkpoint could not be read: {exc!r}")
                 return DropReason.STORE_ERROR
+            self._backfill(token, checkpoint)
             iteration = (checkpoint.iteration if checkpoint is not None else 0) + 1
         self._store_answered()
         return JobContext(
@@ -432,6 +465,7 @@ class JobRunner:
         delay to the next run when an interval job's first run of a term was put off (the
         previous leader ran it recently), else None."""
         first_of_term = self.progress is not None and not self.progress.loaded_for(token)
+        self._handled(token, scheduled_at)
         begun: JobContext | DropReason | None = None
         if gate is None:
             self.stats.running_since = started_at
@@ -498,7 +532,8 @@ class JobRunner:
     def catch_up(self, missed: datetime | None) -> asyncio.Task[None] | None:
         """This node began a term of a cron or custom job: run what its ``misfire`` policy
         says of the instants after the stored last run that no node ran, as one task that
-        counts as the run in flight (a tick meanwhile is dropped as an overlap). Without a
+        counts as the run in flight (a tick meanwhile is dropped as an overlap, but for
+        ``catch_up``'s loop, which runs it in turn). Without a
         stored run, ``missed`` (the last instant this node saw pass while another led) is
         run once, within its grace."""
         token = self.lease.token
@@ -536,13 +571,20 @@ class JobRunner:
                 missed=missed,
                 now=now,
             )
-            if plan.late:
+            if plan.run is not None:
+                until = plan.run
+            elif plan.after is not None:
+                until = plan.after + _ONE_US
+            else:
+                until = now
+            if not self._backfill(token, checkpoint, until) and plan.late:
                 self.drop(DropReason.LATE, plan.late)
             if plan.run is not None:
                 await self.attempt(token, plan.run, now, claim=True)
             cursor, grace_s = plan.after, self.spec.misfire_grace_s
             if cursor is None or grace_s is None:
                 return
+            self._catching_up = True
             while not self._closed and self.is_leader_of(token):
                 now = self.clock.now()
                 instant = next_missed(schedule, cursor, now)
@@ -551,11 +593,9 @@ class JobRunner:
                 if self.lease.paused:
                     # A pause ends the catch-up: the instants that came are dropped as
                     # paused (as the timer drops those that come while it lasts).
-                    self.drop(
-                        DropReason.PAUSED,
-                        count_instants(schedule, instant, now, _MAX_COUNTED),
-                        instant,
-                    )
+                    count = count_instants(schedule, instant, now, _MAX_COUNTED)
+                    last = latest_instant(schedule, instant, now) if count > 1 else None
+                    self.drop(DropReason.PAUSED, count, instant, last)
                     return
                 if is_late(instant, now, grace_s):
                     self.drop(DropReason.LATE, instant=instant)
@@ -563,7 +603,81 @@ class JobRunner:
                     await self.attempt(token, instant, now, claim=True)
                 cursor = instant
         finally:
+            self._catching_up = False
             self._ended()
+
+    # -- the instants before a term that no node ran -------------------------------------
+
+    def _handled(self, token: int, instant: datetime) -> None:
+        """This node runs, or records as not run, ``instant`` in term ``token``."""
+        first = self._first
+        if first is None or first[0] != token or instant < first[1]:
+            self._first = (token, instant)
+
+    def _backfill(
+        self, token: int, checkpoint: Checkpoint | None, until: datetime | None = None
+    ) -> int:
+        """At term ``token``'s first read of the checkpoint: find from the schedule the
+        instants after where the history stands that no node ran before this term (before
+        ``until``, and before the first instant the term ran or did not), and have them
+        recorded with the term's next record (``Progress.hold``), as "no leader", or for a
+        cron or custom job "misfire skipped" (its misfire policy did not run them). None on
+        a job's first term or after a reset (no checkpoint), nor without a history. Returns
+        how many instants (0: none, or none looked for)."""
+        progress = self.progress
+        if progress is None or progress.history <= 0 or self._opened == token:
+            return 0
+        self._opened = token
+        cursor_us = cursor_of(progress.mark, token, self.spec.name)
+        if checkpoint is None or cursor_us is None:
+            return 0
+        cursor = from_unix_us(cursor_us)
+        budget = gap_budget(progress.history)
+        first = self._first[1] if self._first is not None and self._first[0] == token else None
+        reason = DropReason.NO_LEADER
+        try:
+            if self.policy.after_run:
+                last, now = checkpoint.last_completed_at, progress.read_at
+                every_s = self.policy.period_s
+                if last is None or now is None or not every_s:
+                    return 0
+                if first is not None:  # this term's own instants (paused) are not the gap's
+                    now = min(now, first + timedelta(seconds=every_s))
+                entries = interval_gap(
+                    every_s, last_completed_at=last, after=cursor, now=now, budget=budget
+                )
+            else:
+                bounds = [moment for moment in (until, first) if moment is not None]
+                if not bounds:
+                    return 0
+                if self.policy.catch_up and self.spec.checkpoint:
+                    reason = DropReason.MISFIRE_SKIPPED
+                entries = gap(self.spec.schedule, after=cursor, before=min(bounds), budget=budget)
+        except Exception:  # a custom schedule's failure is the timer's to report; no gap
+            logger.warning(
+                "job %r: node %s could not find the instants no node ran before its term",
+                self.spec.name,
+                self.node,
+                exc_info=True,
+            )
+            return 0
+        if not entries:
+            return 0
+        counted = sum(entry.count or 1 for entry in entries)
+        progress.hold(token, [(e.first, e.count, e.last) for e in entries], reason.value)
+        self.stats.dropped[reason] += counted
+        self._telemetry.drop(self.spec.name, reason.value, counted)
+        logger.info(
+            "job %r: %d instant(s) from %s were not run by any node before node %s's term "
+            "(fencing token %d): recorded as %s",
+            self.spec.name,
+            counted,
+            entries[0].first.isoformat(),
+            self.node,
+            token,
+            reason.value,
+        )
+        return counted
 
     def time_left(self) -> float:
         """Seconds left on this node's lease of the job (0 when it does not lead)."""

@@ -30,7 +30,7 @@ from .._aio import Pacer
 from .._clock import Clock
 from .._errors import ScheduleError
 from .._outcomes import DropReason
-from .._schedule import count_instants
+from .._schedule import count_instants, latest_instant
 from .runner import JobRunner
 
 __all__ = ["MAX_SLEEP_S", "Ticker"]
@@ -309,7 +309,8 @@ class Ticker:
         try:
             if following is not None and following <= now:
                 count = count_instants(runner.spec.schedule, due, now, _MAX_COUNTED_TICKS)
-                runner.drop(DropReason.LATE, count, due)
+                last = latest_instant(runner.spec.schedule, due, now)  # a stall: rare
+                runner.drop(DropReason.LATE, count, due, last)
                 slot.previous = now
                 self._next_instant(slot)
                 return

@@ -345,10 +345,12 @@ class Store(Protocol):
 
     async def load_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> tuple[Checkpoint | None, datetime]:
+    ) -> tuple[Checkpoint | None, datetime, str | None]:
         """``read_checkpoint``, and the store's clock at the read (Redis ``TIME``, in the
         same round trip): the clock the record's ``last_completed_at`` is on, so that a new
-        leader measures the time since the last run without trusting any node's clock."""
+        leader measures the time since the last run without trusting any node's clock; and
+        where the history stands, the record's ``history`` field as stored (``_history``:
+        a new leader's ``cursor_of``), or None."""
         ...
 
     async def reset_checkpoint(

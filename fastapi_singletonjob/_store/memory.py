@@ -28,7 +28,7 @@ from .._checkpoint import (
     to_unix_us,
 )
 from .._clock import Clock
-from .._history import Occurrence, history_entry, parse_entries
+from .._history import Occurrence, history_entry, next_mark, parse_entries
 from .._lock_value import is_lock_value, lock_value, parse_lock_value
 from .._outcomes import Outcome
 from .._overdue import Anchor, parse_anchor, parse_spell, spell_value
@@ -397,6 +397,8 @@ class MemoryLeaseStore:
                 record["last_error"] = error
             self._keep(run.job, record, retention)
         if run.history > 0:
+            scheduled_us = to_unix_us(run.scheduled_at)
+            last_us = 0 if run.last_at is None else to_unix_us(run.last_at)
             entry = history_entry(
                 missed=run.missed is not None,
                 scheduled_us=to_unix_us(run.scheduled_at),
@@ -407,8 +409,23 @@ class MemoryLeaseStore:
                 token=token_text(run.token),
                 outcome=run.outcome.value if run.missed is None else run.missed,
                 error=error,
+                count=run.instants,
+                last_us=last_us,
             )
+            latest = last_us if run.instants != 1 and last_us > scheduled_us else scheduled_us
             key = self._key(run.job)
+            if run.missed is None:
+                record["history"] = next_mark(record.get("history"), token_text(run.token), latest)
+            elif (stored := self._data.checkpoints.get(key)) is not None:
+                # Only in a record that exists, keeping its expiry, as the script does.
+                fields = self._record(run.job)
+                if fields is not None and self._fenced(run.job, run.token) == fields:
+                    fields["history"] = next_mark(
+                        fields.get("history"), token_text(run.token), latest
+                    )
+                    self._data.checkpoints[key] = (fields, stored[1])
+                elif fields is not None:  # no record: the script deletes it
+                    self._data.checkpoints.pop(key, None)
             entries, _ = self._data.histories.get(key, ([], 0.0))
             entries = [entry, *entries][: run.history]
             self._data.histories[key] = (entries, self._clock.monotonic() + int(retention) / 1000)
@@ -508,10 +525,13 @@ class MemoryLeaseStore:
 
     async def load_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> tuple[Checkpoint | None, datetime]:
+    ) -> tuple[Checkpoint | None, datetime, str | None]:
         """See ``Store.load_checkpoint``: the store's clock is the injected clock's ``now()``."""
         await asyncio.sleep(0)
-        return checked(job, self._record(job)), self._clock.now()
+        fields = self._record(job)
+        record = checked(job, fields)
+        mark = fields.get("history") if fields is not None and record is not None else None
+        return record, self._clock.now(), mark
 
     async def reset_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S

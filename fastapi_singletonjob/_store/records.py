@@ -57,14 +57,20 @@ def run_arg(run: FinishedRun) -> str:
     and this), not ten: ``"<kind> <token> <outcome> <scheduled µs> <retention ms> <started µs>
     <duration µs> <history> <node id>"``, a line break and the error, possibly empty (a node
     id is printable text, without a line break). The kind is ``r`` for a run, ``m`` for a
-    missed instant, whose outcome is then the reason. The run's end is not in it: the store
-    stamps it with its own clock."""
+    missed instant, whose outcome is then the reason, and whose started and duration fields
+    are the last instant it stands for (µs, 0: the same) and how many (0: more than were
+    counted). The run's end is not in it: the store stamps it with its own clock."""
     if run.missed is None:
         kind, word = "r", Outcome(run.outcome).value
+        started = 0 if run.started_at is None else to_unix_us(run.started_at)
+        duration_us = max(0, round(run.duration_s * 1e6))
     else:
         kind, word = "m", DropReason(run.missed).value
-    started = 0 if run.started_at is None else to_unix_us(run.started_at)
-    duration_us = max(0, round(run.duration_s * 1e6))
+        started = 0 if run.last_at is None else to_unix_us(run.last_at)
+        count = run.instants
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"instants={count!r} is not a number of instants")
+        duration_us = count
     return (
         f"{kind} {token_text(run.token)} {word} {to_unix_us(run.scheduled_at)} "
         f"{retention_ms(run.retention_s)} {started} {duration_us} {int(run.history)} "

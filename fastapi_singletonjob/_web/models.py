@@ -83,6 +83,14 @@ class HistoryEntry(BaseModel):
     reason: DropReason | None = Field(None, description="Why the instant did not run.")
     reason_text: str | None = Field(None, description="That reason, in a line.")
     error: str | None = Field(None, description="The run's error, shortened.")
+    count: int | None = Field(
+        1,
+        description="How many instants a missed entry stands for, from scheduled_at on "
+        "(a gap too long for one entry each); null: more than were counted.",
+    )
+    last_at: datetime | None = Field(
+        None, description="With a count above 1: the last instant it stands for."
+    )
 
     @classmethod
     def of(cls, occurrence: Occurrence) -> HistoryEntry:
@@ -100,6 +108,8 @@ class HistoryEntry(BaseModel):
             reason=None if reason is None else DropReason(reason),
             reason_text=None if reason is None else MISSED_REASONS.get(reason),
             error=occurrence.error,
+            count=occurrence.count,
+            last_at=occurrence.last_at,
         )
 
 

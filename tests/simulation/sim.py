@@ -809,7 +809,7 @@ class NodeStore:
 
     async def load_checkpoint(
         self, *args: object, **kwargs: object
-    ) -> tuple[Checkpoint | None, datetime]:
+    ) -> tuple[Checkpoint | None, datetime, str | None]:
         raise AssertionError("the simulated jobs keep no checkpoint")
 
     async def reset_checkpoint(self, *args: object, **kwargs: object) -> bool:

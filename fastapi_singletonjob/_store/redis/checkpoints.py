@@ -108,7 +108,7 @@ class RedisCheckpoints:
 
     async def load_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> tuple[Checkpoint | None, datetime]:
+    ) -> tuple[Checkpoint | None, datetime, str | None]:
         """See ``Store.load_checkpoint``: ``HGETALL`` and ``TIME`` in one pipeline, with the
         reads of the other jobs whose terms began meanwhile (``Batcher``: a node that takes
         500 jobs at once reads their records in a round trip or two, not 500, so that no first
@@ -120,9 +120,10 @@ class RedisCheckpoints:
             if not str(raw).startswith("WRONGTYPE"):
                 raise raw
             not_a_record(job, "a key of another type than hash")
-            return None, now
+            return None, now, None
         record = checked(job, {key.decode(errors="replace"): value for key, value in raw.items()})
-        return record, now
+        mark = raw.get(b"history") if record is not None else None
+        return record, now, None if mark is None else mark.decode(errors="replace")
 
     def _unloaded(self, job: str, timeout_s: float) -> ConnectionError:
         """The error of a read whose deadline passed (see ``Batcher``)."""

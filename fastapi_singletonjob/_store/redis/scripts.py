@@ -599,8 +599,10 @@ end
 #              <retention ms> <started µs> <duration µs> <history>  <node id>", a line break,
 #              then the error, already shortened ("" for none). The kind is "r" (a run: the
 #              outcome is "success", "failed", "timeout" or "cancelled") or "m" (a missed
-#              instant: the outcome is its reason, and only the history changes); <history>
-#              is how many entries the job's history keeps (0: none, nothing added)
+#              instant: the outcome is its reason, <started µs> the last instant it stands
+#              for (0: the same), <duration µs> how many (1 for one; 0: more than were
+#              counted), and only the history changes); <history> is how many entries the
+#              job's history keeps (0: none, nothing added)
 #
 # Returns one string: the server time of the writes in µs (the records' "last_completed_us"),
 # then, comma-separated, one value per run, in order: "-1" (nothing written) when the term no
@@ -610,7 +612,10 @@ end
 # "last_error"; any other outcome keeps "iteration" (and every run keeps "state"). All fields
 # are strings, so µs times and tokens stay exact. Each write sets the record's (and the
 # history's) expiry to the retention; ELECT is to refresh the record's while a node leads the
-# job. A history key of another type is replaced.
+# job. A history key of another type is replaced. With a history, each entry also moves the
+# record's "history" field ("<latest µs>:<token>:<before µs>", ``_history.next_mark``): the
+# latest instant the history stands for, the term that wrote it, and the latest instant of
+# the terms before; a missed entry moves it only in a record that exists (none is created).
 #
 # "last_completed_us" is the server clock (TIME) when the run is recorded, never the caller's:
 # a new leader measures the time since it on the same clock (``Store.load_checkpoint``), so an
@@ -629,6 +634,26 @@ local function note(key, keep, retention, entry)
   redis.call('LTRIM', key, 0, keep - 1)
   redis.call('PEXPIRE', key, retention)
 end
+local function later(a, b)
+  return #a > #b or (#a == #b and a > b)
+end
+local function marked(record, token, latest)
+  local mark = redis.call('HGET', record, 'history')
+  local at, by, before
+  if mark then
+    at, by, before = string.match(mark, '^(%d+):(%d+):(%d*)$')
+  end
+  if not at then
+    at, by, before = nil, '', ''
+  end
+  if by ~= token then
+    before = at or ''
+  end
+  if not at or later(latest, at) then
+    at = latest
+  end
+  redis.call('HSET', record, 'history', at .. ':' .. token .. ':' .. before)
+end
 local out = {now_us}
 for i = 1, #KEYS / 3 do
   local lock, record, history = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
@@ -645,6 +670,14 @@ for i = 1, #KEYS / 3 do
       token .. '","o":"' .. outcome .. '"'
     if err ~= '' then
       entry = entry .. ',"e":' .. cjson.encode(err)
+    end
+    local latest = scheduled
+    if kind == 'm' and took ~= '1' then
+      entry = entry .. ',"c":' .. took
+      if later(started, scheduled) then
+        entry = entry .. ',"to":' .. started
+        latest = started
+      end
     end
     entry = entry .. '}'
     if kind == 'r' then
@@ -664,6 +697,9 @@ for i = 1, #KEYS / 3 do
     end
     if keep > 0 then
       note(history, keep, retention, entry)
+      if kind == 'r' or redis.call('HEXISTS', record, 'iteration') == 1 then
+        marked(record, token, latest)
+      end
     end
   else
     out[i + 1] = '-1'

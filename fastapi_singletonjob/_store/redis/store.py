@@ -290,7 +290,7 @@ class RedisStore:
 
     async def load_checkpoint(
         self, job: str, *, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
-    ) -> tuple[Checkpoint | None, datetime]:
+    ) -> tuple[Checkpoint | None, datetime, str | None]:
         """See ``Store.load_checkpoint`` and ``RedisCheckpoints.load_checkpoint``."""
         return await self._checkpoints.load_checkpoint(job, timeout_s=timeout_s)
 
