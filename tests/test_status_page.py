@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import os
 import socket
@@ -27,16 +28,17 @@ from browser import Browser, chromium_or_skip
 from fastapi import FastAPI
 from waiting import wait_until
 
-from fastapi_singletonjob import JobContext, SingletonJobs
+from fastapi_singletonjob import SingletonJobs
 from fastapi_singletonjob._web import page as status_page
 from fastapi_singletonjob._web.models import ClusterJob, HistoryEntry
+from fastapi_singletonjob._web.page import STRIP_ENTRIES
 
 PREFIX = "/sj"
 PHONE_WIDTH = 414
 SCREENSHOT = Path(__file__).parent.parent / "docs" / "images" / "status-page.png"
 UPDATE_SCREENSHOT = "SINGLETONJOB_UPDATE_SCREENSHOT"
 """Set to 1 to write the screenshot to docs/images (else it goes to the test's tmp_path)."""
-HOSTILE = "upstream said <script>document.title='pwned'</script> & \"quit\""
+HOSTILE = "pricing API answered 502: <script>document.title='pwned'</script> & \"retry\""
 """An error text that would run a script if the page did not escape it."""
 SETTLE_S = 10.0
 
@@ -60,9 +62,11 @@ def replica(url: str, project: str, node_id: str) -> SingletonJobs:
     async def price_tick() -> None:
         pass
 
+    calls = itertools.count()
+
     @jobs.fixed_rate("export", every=0.1)
-    async def export(ctx: JobContext) -> None:
-        if ctx.iteration % 2 == 0:
+    async def export() -> None:
+        if next(calls) % 3 == 1:
             raise RuntimeError(HOSTILE)
 
     @jobs.interval("sweep", every=0.05)
@@ -100,6 +104,10 @@ async def http_server(app: FastAPI) -> AsyncIterator[str]:
         server.should_exit = True
         await task
         sock.close()
+
+
+async def strip_full(jobs: SingletonJobs, job: str) -> bool:
+    return len(await jobs.history(job, limit=STRIP_ENTRIES)) == STRIP_ENTRIES
 
 
 async def history_has(jobs: SingletonJobs, job: str, word: str) -> bool:
@@ -154,14 +162,21 @@ async def test_the_page_in_a_real_browser_shows_each_jobs_state(
     executable = chromium_or_skip()
     web1, web2 = (replica(redis_url, unique_project, node) for node in ("web-1", "web-2"))
     await web1.start()
-    await web2.start()
     try:
+        leads_all = lambda: all(job.is_leader for job in web1.status().jobs)  # noqa: E731
+        await wait_until(leads_all, SETTLE_S, "web-1 leads every job")
+        await web2.start()
         await wait_until(lambda: web1.status("sweep").jobs[0].runs >= 2, SETTLE_S, "sweep ran")
         await web1.pause("sweep")
         for job, word in (("export", "failed"), ("sweep", "paused"), ("slow-report", "overlap")):
             seen = functools.partial(history_has, web1, job, word)
             await wait_until(seen, SETTLE_S, f"{job}: {word}")
-        shot = SCREENSHOT if os.environ.get(UPDATE_SCREENSHOT) == "1" else tmp_path / "page.png"
+        shot = tmp_path / "page.png"
+        if os.environ.get(UPDATE_SCREENSHOT) == "1":  # for the docs: every strip full
+            shot = SCREENSHOT
+            for job in ("price-tick", "export", "sweep", "slow-report"):
+                full = functools.partial(strip_full, web1, job)
+                await wait_until(full, SETTLE_S, f"{job}'s strip full")
         async with http_server(app_of(web1)) as base:
             phone, detail, traffic = await asyncio.to_thread(
                 browse, base, tmp_path, executable, shot
@@ -245,8 +260,8 @@ async def test_the_html_escapes_what_redis_holds_and_answers_404_for_an_unknown_
             answer.text
         )
     assert overview.status_code == one.status_code == 200
-    escaped = "upstream said &lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;"
-    assert f"{escaped} &amp; &quot;quit&quot;" in overview.text
+    escaped = "answered 502: &lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;"
+    assert f"{escaped} &amp; &quot;retry&quot;" in overview.text
     assert escaped in one.text and one.text.count('class="entry"') == 5
     assert "n&lt;1&gt;" in overview.text and "n<1>" not in overview.text
     assert '<meta http-equiv="refresh" content="10">' in overview.text

@@ -296,9 +296,10 @@ def _leader(stored: ClusterJob | None) -> str:
         return '<span class="dim">unknown</span>'
     if stored.leader is None:
         return '<span class="dim">none</span>'
-    token = "" if stored.fencing_token is None else f" · token {stored.fencing_token}"
-    lease = "" if stored.lease_time_left_s is None else f" · lease {stored.lease_time_left_s:.1f} s"
-    return f'{_e(stored.leader)}<span class="dim">{token}{lease}</span>'
+    token = "" if stored.fencing_token is None else f"fencing token {stored.fencing_token}"
+    left = stored.lease_time_left_s
+    lease = "" if left is None else f" · lease {_span(left)} left"
+    return f'<span title="{token}">{_e(stored.leader)}</span><span class="dim">{lease}</span>'
 
 
 def _paused(stored: ClusterJob | None, now: datetime) -> str:
@@ -495,7 +496,8 @@ _CSS = (
     ".banner{background:#fff3e0;color:#5d2e00;border:1px solid #ef6c00;padding:.5rem;"
     "border-radius:6px}"
     ".nodes ul{margin:0 0 1rem;padding-left:1.2rem;font-size:.9rem}"
-    ".jobs{display:grid;gap:12px;grid-template-columns:repeat(auto-fill,minmax(min(100%,24rem),1fr))}"
+    ".jobs{display:grid;gap:12px;align-items:start;"
+    "grid-template-columns:repeat(auto-fill,minmax(min(100%,24rem),1fr))}"
     ".job{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:10px 12px;"
     "min-width:0}"
     ".schedule{margin:0 0 .4rem;font-size:.85rem}"
