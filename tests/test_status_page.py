@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import json
@@ -18,6 +19,7 @@ import os
 import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from waiting import wait_until
 
 from fastapi_singletonjob import SingletonJobs
 from fastapi_singletonjob._web import page as status_page
-from fastapi_singletonjob._web.models import ClusterJob, HistoryEntry
+from fastapi_singletonjob._web.models import ClusterJob, ClusterNode, HistoryEntry
 from fastapi_singletonjob._web.page import STRIP_ENTRIES
 
 PREFIX = "/sj"
@@ -332,3 +334,116 @@ def test_an_overdue_job_gets_a_badge_and_its_time() -> None:
     on_time = render(None)
     assert "badge overdue" not in on_time and "<dt>Overdue</dt><dd>no</dd>" in on_time
     assert '<meta http-equiv="refresh"' not in on_time
+
+
+class Markup(HTMLParser):
+    """The tags and attribute names of a page, and its text, as a browser's parser sees them."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tags: set[str] = set()
+        self.attributes: set[str] = set()
+        self.text: list[str] = []
+        self.feed(page)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+        self.attributes.update(name for name, _ in attrs)
+        self.text.extend(value for _, value in attrs if value)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def test_every_text_from_redis_is_escaped_wherever_the_page_writes_it() -> None:
+    """Every string of the models that Redis can hold, set to markup that would add a tag or
+    an event handler: the three pages have only their own tags and attributes, and show the
+    markup as text."""
+    now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    bad = "x\" onmouseover='alert(1)' <img src=x onerror=alert(2)>"
+    node = ClusterNode.model_validate(
+        {
+            "node_id": bad,
+            "owner": bad,
+            "version": bad,
+            "started_at": now,
+            "last_seen": now,
+            "expires_in_s": 1.0,
+            "jobs": [bad],
+            "leads": [bad],
+        }
+    )
+    stored = ClusterJob.model_validate(
+        {
+            "name": bad,
+            "schedule": bad,
+            "nodes": [bad],
+            "leader": bad,
+            "fencing_token": 1,
+            "lease_time_left_s": 1.0,
+            "paused": True,
+            "paused_at": now,
+            "checkpoint": {
+                "iteration": 1,
+                "last_completed_at": now,
+                "last_scheduled_at": now,
+                "last_outcome": bad,
+                "last_error": bad,
+                "node_id": bad,
+                "fencing_token": 1,
+                "has_state": False,
+            },
+        }
+    )
+    entries = [
+        HistoryEntry.model_validate(
+            {
+                "scheduled_at": now,
+                "kind": "run",
+                "node_id": bad,
+                "fencing_token": 1,
+                "recorded_at": now,
+                "outcome": "failed",
+                "error": bad,
+            }
+        ),
+        HistoryEntry.model_validate(
+            {
+                "scheduled_at": now,
+                "kind": "missed",
+                "node_id": bad,
+                "fencing_token": 1,
+                "recorded_at": now,
+                "reason": "paused",
+                "reason_text": bad,
+            }
+        ),
+    ]
+    with_history = status_page.PageJob(bad, stored, None, entries, overdue=now)
+    without = status_page.PageJob(bad, stored, None, None, history_note=bad)
+    data = status_page.PageData(bad, bad, bad, now, [node], [with_history], bad, [bad])
+    pages = [
+        status_page.overview(data, refresh_s=5),
+        status_page.job_page(data, refresh_s=0),
+        status_page.overview(dataclasses.replace(data, jobs=[without]), refresh_s=0),
+        status_page.not_found(bad, [bad]),
+    ]
+    own_tags = {"html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "p", "b"}
+    own_tags |= {"a", "section", "ul", "ol", "li", "main", "article", "span", "dl", "dt", "dd"}
+    own_tags |= {"time", "code", "div", "footer"}
+    for text in pages:
+        markup = Markup(text)
+        assert markup.tags <= own_tags, markup.tags - own_tags
+        assert not {a for a in markup.attributes if a.startswith("on")}, markup.attributes
+        assert markup.attributes <= {"lang", "charset", "name", "content", "http-equiv", "id"} | {
+            "class",
+            "title",
+            "href",
+            "datetime",
+            "data-job",
+            "data-overdue",
+            "role",
+            "aria-label",
+        }
+        assert any(bad in piece for piece in markup.text)

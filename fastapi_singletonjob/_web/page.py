@@ -241,7 +241,7 @@ def _nodes(data: PageData) -> str:
     if data.nodes is None:
         return ""
     items = "".join(
-        f"<li><b>{_e(node.node_id)}</b> <span class=dim>v{_e(node.version)}, seen "
+        f'<li><b>{_e(node.node_id)}</b> <span class="dim">v{_e(node.version)}, seen '
         f"{_ago(node.last_seen, data.observed_at)}</span>"
         + (f" · leads {_e(', '.join(node.leads))}" if node.leads else "")
         + "</li>"
@@ -276,7 +276,8 @@ def _card(job: PageJob, now: datetime, *, link: str | None) -> str:
     ]
     checkpoint = stored.checkpoint if stored is not None else None
     if checkpoint is not None:
-        rows.append(("Successful runs", f"{checkpoint.iteration} <span class=dim>(cluster)</span>"))
+        cluster_wide = f'{checkpoint.iteration} <span class="dim">(cluster)</span>'
+        rows.append(("Successful runs", cluster_wide))
     failure = _last_failure(job.history, now)
     missed = _last_missed(job.history, now)
     if failure:
@@ -313,7 +314,7 @@ def _paused(stored: ClusterJob | None, now: datetime) -> str:
 def _next_run(local: JobStatus | None, now: datetime) -> str:
     if local is None or local.next_run is None:
         return '<span class="dim">—</span>'
-    return f"{_time(local.next_run, now)} <span class=dim>({_ago(local.next_run, now)})</span>"
+    return f'{_time(local.next_run, now)} <span class="dim">({_ago(local.next_run, now)})</span>'
 
 
 def _overdue(overdue: Overdue, now: datetime) -> str:
@@ -334,7 +335,7 @@ def _last_run(job: PageJob, now: datetime) -> str:
         outcome = checkpoint.last_outcome or "unknown"
         return (
             f"{_time(checkpoint.last_scheduled_at, now)} "
-            f"<span class=o-{_e(outcome)}>{_e(outcome)}</span>"
+            f'<span class="o-{_e(outcome)}">{_e(outcome)}</span>'
         )
     return '<span class="dim">none recorded</span>'
 
@@ -348,7 +349,8 @@ def _last_missed(history: list[HistoryEntry] | None, now: datetime) -> str | Non
 
 def _said(entry: HistoryEntry, now: datetime) -> str:
     """An entry's instant and what became of it."""
-    return f"{_time(entry.scheduled_at, now)} <span class={_class(entry)}>{_e(_what(entry))}</span>"
+    what = f'<span class="{_class(entry)}">{_e(_what(entry))}</span>'
+    return f"{_time(entry.scheduled_at, now)} {what}"
 
 
 def _last_failure(history: list[HistoryEntry] | None, now: datetime) -> str | None:
@@ -381,7 +383,7 @@ def _entry(entry: HistoryEntry, now: datetime) -> str:
     return (
         f'<li class="entry" title="{_e(_title(entry, now))}"><span class="cell {_class(entry)}">'
         f"</span><span>{_time(entry.scheduled_at, now, precise=True)}</span> "
-        f"<b class={_class(entry)}>"
+        f'<b class="{_class(entry)}">'
         f'{_e(_what(entry))}</b> <span class="dim">{" · ".join(facts)}</span>'
         + (f'<div class="detail">{_e(detail)}</div>' if detail else "")
         + "</li>"
