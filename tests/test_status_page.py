@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
@@ -28,6 +29,7 @@ import pytest
 import uvicorn
 from browser import Browser, chromium_or_skip
 from fastapi import FastAPI
+from servers import RedisServerFactory
 from waiting import wait_until
 
 from fastapi_singletonjob import SingletonJobs
@@ -190,6 +192,8 @@ async def test_the_page_in_a_real_browser_shows_each_jobs_state(
     # A phone's width: nothing wider than the screen, so nothing to scroll sideways.
     assert phone["scrollWidth"] <= phone["clientWidth"] == PHONE_WIDTH, phone
     assert phone["innerWidth"] == PHONE_WIDTH, "the layout viewport grew past the screen"
+    assert detail["scrollWidth"] <= detail["clientWidth"] == PHONE_WIDTH, detail
+    assert detail["innerWidth"] == PHONE_WIDTH
     cards = phone["jobs"]
     assert list(cards) == ["price-tick", "export", "sweep", "slow-report", "nightly"]
     for card in cards.values():
@@ -447,3 +451,39 @@ def test_every_text_from_redis_is_escaped_wherever_the_page_writes_it() -> None:
             "aria-label",
         }
         assert any(bad in piece for piece in markup.text)
+
+
+@pytest.mark.redis
+async def test_a_redis_that_does_not_answer_delays_the_page_by_one_bounded_read(
+    fresh_redis: RedisServerFactory, unique_project: str
+) -> None:
+    """Redis SIGSTOPped: the page answers 503 with this node's view after the cluster read's
+    bound, and does not wait again for each job's history."""
+    server = fresh_redis()
+    jobs = SingletonJobs(
+        server.url, project=unique_project, node_id="n1", heartbeat_interval=0.2, lock_expiry=1.0
+    )
+    for name in ("a", "b", "c"):
+        jobs.interval(name, every=60)(noop)
+    await jobs.start()
+    try:
+        await wait_until(lambda: jobs.status("a").jobs[0].is_leader, SETTLE_S, "n1 leads")
+        transport = httpx.ASGITransport(app=app_of(jobs))
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            server.pause()
+            try:
+                began = time.monotonic()
+                answer = await client.get(f"{PREFIX}/ui")
+                took_s = time.monotonic() - began
+            finally:
+                server.resume()
+    finally:
+        await jobs.stop()
+    assert answer.status_code == 503
+    assert "Redis did not answer (TimeoutError)" in answer.text
+    assert answer.text.count('class="job"') == 3
+    assert status_page.PAGE_READ_S <= took_s < status_page.PAGE_READ_S + 0.5, took_s
+
+
+async def noop() -> None:
+    pass

@@ -43,7 +43,7 @@ __all__ = [
     "read_page",
 ]
 
-PAGE_READ_S: Final = 2.0
+PAGE_READ_S: Final = 1.0
 """Longest the page waits for each of its reads from Redis (the cluster, each history)."""
 STRIP_ENTRIES: Final = 30
 """Occurrences in each job's strip on the overview (its detail view shows up to 100)."""
@@ -123,13 +123,18 @@ async def read_page(source: StatusSource, *, only: str | None = None, limit: int
     known = [*local, *sorted(set(stored) - set(local))]
     names = known if only is None else [name for name in known if name == only]
     jobs = [PageJob(name, stored.get(name), local.get(name)) for name in names]
-    await asyncio.gather(*(_read_history(source, job, limit) for job in jobs))
+    if store_error is None:
+        await asyncio.gather(*(_read_history(source, job, limit) for job in jobs))
+    else:  # another wait for an answer that is not coming would only delay the page
+        for job in jobs:
+            job.history_note = f"Redis did not answer ({store_error})"
     for job in jobs:
         job.overdue = overdue_since(job.cluster, job.local)
     return PageData(
         project=source.settings.project,
         node_id=source.settings.node_id,
         store=source.store_description,
+        # Without Redis's time, this node's wall clock: only for showing "3 s ago".
         observed_at=cluster.observed_at if cluster is not None else datetime.now(UTC),
         nodes=cluster.nodes if cluster is not None else None,
         jobs=jobs,
