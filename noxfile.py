@@ -128,7 +128,7 @@ def build(session: nox.Session) -> None:
         "pytest",
         "tests/test_packaging.py",
         *session.posargs,
-        env={"SINGLETONJOB_DIST_DIR": str(dist)},
+        env={"SJTEST_DIST_DIR": str(dist)},
     )
 
 
@@ -152,7 +152,7 @@ def chaos(session: nox.Session) -> None:
 
     The default ``tests`` session already runs each fault once. Needs redis-server, and
     libfaketime for the clock rows (``apt-get install faketime``; they skip without it).
-    Set SINGLETONJOB_CHAOS_REPORT=path.json to keep every measured number.
+    Set SJTEST_CHAOS_REPORT=path.json to keep every measured number.
     """
     session.install("-e", ".[test]")
     session.run(
@@ -161,7 +161,7 @@ def chaos(session: nox.Session) -> None:
         "pytest",
         "tests/chaos",
         *session.posargs,
-        env={"SINGLETONJOB_CHAOS_FULL": "1"},
+        env={"SJTEST_CHAOS_FULL": "1"},
     )
 
 
@@ -170,8 +170,8 @@ def soak(session: nox.Session) -> None:
     """Run every soak scenario (tests/soak), each many times over on real servers, and print
     the distribution of what each measured: spread convergence, 12 jobs on 3 replicas, 50 runs
     (about 3 minutes). The default ``tests`` session skips them (they run only with
-    ``SINGLETONJOB_SOAK=1``, which this session sets). Needs redis-server.
-    ``SINGLETONJOB_SOAK_RUNS=N`` makes N runs of each scenario; ``SINGLETONJOB_SOAK_REPORT=
+    ``SJTEST_SOAK=1``, which this session sets). Needs redis-server.
+    ``SJTEST_SOAK_RUNS=N`` makes N runs of each scenario; ``SJTEST_SOAK_REPORT=
     path.json`` keeps every run's time; arguments after ``--`` go to pytest.
     """
     session.install("-e", ".[test]")
@@ -181,7 +181,7 @@ def soak(session: nox.Session) -> None:
         "pytest",
         "tests/soak",
         *session.posargs,
-        env={"SINGLETONJOB_SOAK": "1"},
+        env={"SJTEST_SOAK": "1"},
     )
 
 

@@ -38,6 +38,8 @@ SCRIPT_COMMANDS = {"get", "set", "pexpire", "pttl", "time", "del", "publish"} | 
     "zadd",
     "zrangebyscore",
     "zremrangebyscore",
+    # the overdue check (OVERDUE, one call per lock expiry): its checkpoint fields
+    "hmget",
 }
 OWN_COMMANDS = ("info", "config", "memory", "flushall", "dbsize")
 

@@ -1,15 +1,19 @@
 """How the demo shows the cluster: a live screen on a terminal, one line per change elsewhere.
 
 The screen is plain ANSI: each frame moves the cursor back up over the previous one and
-rewrites it, so the terminal's scrollback keeps what came before. Lines are cut to the
-terminal's width, since a wrapped line would throw the redraw off.
+rewrites it, so the terminal's scrollback keeps what came before. A line the terminal wrapped
+itself would throw the redraw off, so the table's lines are cut to the terminal's width and
+the events, whose ends matter (the fencing token, the leaderless time), are wrapped here onto
+indented lines.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
+import textwrap
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -85,9 +89,16 @@ class Screen(Output):
             lines.append(_job_line(view, tracker.leaderless_for(view.name, now)))
         lines.append(("", ""))
         lines.append(("EVENTS", _BOLD))
-        # The frame must fit the terminal: the cursor cannot move back above its top row.
+        # The frame must fit the terminal: the cursor cannot move back above its top row. The
+        # newest events that fit, each wrapped to the width (under its time stamp's column).
         room = size.lines - len(lines) - 1
-        lines.extend((event, "") for event in list(self.events)[max(0, len(self.events) - room) :])
+        shown: list[str] = []
+        for event in reversed(self.events):
+            rows = wrap_event(event, width)
+            if len(shown) + len(rows) > room:
+                break
+            shown[:0] = rows
+        lines.extend((row, "") for row in shown)
         self._erase()
         out = []
         for text, color in lines:
@@ -107,6 +118,16 @@ class Screen(Output):
         self._drawn = 0  # the last frame stays on the screen
         self.stream.write("\x1b[?25h")
         self.stream.flush()
+
+
+def wrap_event(event: str, width: int) -> list[str]:
+    """An event line as rows of at most ``width`` columns, the rows after the first indented
+    under the text that follows the time stamp (``+  12.34s  ``)."""
+    stamp = re.match(r"\+\s*[\d.]+s\s+", event)
+    indent = " " * (stamp.end() if stamp is not None and stamp.end() < width // 2 else 0)
+    return textwrap.wrap(
+        event, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False
+    ) or [""]
 
 
 def _job_line(view: JobView, leaderless_s: float | None) -> tuple[str, str]:

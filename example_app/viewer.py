@@ -24,6 +24,11 @@ from typing import Any
 from .cluster import HOST, Process
 
 Status = dict[str, Any]
+LEADERLESS_GRACE_S = 0.5
+"""How long no replica answers as a job's leader before the viewer says so: a graceful
+handover takes milliseconds, and announcing it (with the old holder's lock time as a follower
+last saw it, long since released) made the demo say "still holds the lock for 9.3s" a tenth
+of a second before the handover line. A killed leader's lock does stay for seconds."""
 PLACEMENT = "placement move"
 """The cause of a handover the demo did not provoke: leadership spreading over the replicas."""
 
@@ -180,6 +185,9 @@ class Tracker:
         if new is None:
             if previous is None or job in self._leaderless:
                 return None
+            seen_at = self._seen_at.get(job)
+            if seen_at is not None and at - seen_at < LEADERLESS_GRACE_S:
+                return None  # a graceful handover comes within milliseconds: wait for it
             self._leaderless.add(job)
             if view.holder is not None and view.holder_ttl_s is not None:
                 return (

@@ -13,6 +13,7 @@ from ._history import Occurrence
 from ._job.context import JobContext
 from ._job.dependencies import job_context
 from ._outcomes import DropReason, Outcome
+from ._overdue import OverdueEvent
 from ._schedule import Cron, FixedRate, Interval, Schedule
 from ._singletonjobs import SingletonJobs
 from ._version import __version__
@@ -56,6 +57,7 @@ __all__ = [
     "NodeStatus",
     "Occurrence",
     "Outcome",
+    "OverdueEvent",
     "Schedule",
     "ScheduleError",
     "SingletonJobError",

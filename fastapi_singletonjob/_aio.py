@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
-from ._clock import Clock, SystemClock
+from ._clock import Clock, SystemClock, WaitsForThreads
 
 __all__ = [
     "Alarm",
@@ -306,12 +306,19 @@ async def abort_all(tasks: Sequence[asyncio.Future[None] | None], grace_s: float
 
 
 async def call_in_thread(
-    executor: Executor | None, call: Callable[[], object], *, on_cancel: Callable[[], object]
+    executor: Executor | None,
+    call: Callable[[], object],
+    *,
+    on_cancel: Callable[[], object],
+    clock: object = None,
 ) -> None:
     """Run ``call`` in ``executor`` and wait for it. A thread cannot be interrupted: when the
     caller is cancelled, ``on_cancel`` is called and the wait goes on until the thread
-    returns (so no second run of the same job starts meanwhile), then the cancel goes on."""
+    returns (so no second run of the same job starts meanwhile), then the cancel goes on.
+    A ``clock`` that waits for threads (a test's ``FakeClock``) is told of the thread."""
     thread = asyncio.get_running_loop().run_in_executor(executor, call)
+    if isinstance(clock, WaitsForThreads):
+        clock.thread_started(thread)
     try:
         await asyncio.shield(thread)
     except asyncio.CancelledError:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TextIO
 
+from redis.exceptions import ResponseError
+
 from ._admin import AdminClient, StoreFactory, opened_for_the_call
 from ._aio import within
 from ._clock import SYSTEM_CLOCK
@@ -35,6 +37,7 @@ from ._errors import ConfigurationError, JobNotFound
 from ._history import MAX_HISTORY, MISSED_REASONS, check_limit
 from ._store.base import DEFAULT_CONTROL_TIMEOUT_S, STORE_ERRORS
 from ._store.open import open_store
+from ._store.refusals import refusal
 from ._web.models import ClusterStatus
 
 __all__ = ["EXIT_ERROR", "EXIT_NO_JOB", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
@@ -134,7 +137,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="singletonjob",
         parents=[common],
         description="See and operate the jobs of a fastapi-singletonjob project.",
-        epilog="exit codes: 0 done, 2 bad usage or configuration, 3 Redis did not answer, "
+        epilog="exit codes: 0 done, 2 bad usage or configuration, 3 Redis did not answer or "
+        "refused (a password, a database index, an ACL permission), "
         "4 no such job, 1 any other error",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -199,15 +203,23 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         _say(sys.stderr, f"singletonjob: {exc}")
         return EXIT_NO_JOB
     except STORE_ERRORS as exc:
-        _say(
-            sys.stderr,
-            f"singletonjob: Redis at {project.store_description} did not answer: "
-            f"{type(exc).__name__}: {exc}".rstrip(": "),
-        )
+        _say(sys.stderr, f"singletonjob: Redis at {project.store_description} {_failed(exc)}")
         return EXIT_UNREACHABLE
     except Exception as exc:
         _say(sys.stderr, f"singletonjob: unexpected error: {type(exc).__name__}: {exc}")
         return EXIT_ERROR
+
+
+def _failed(exc: BaseException) -> str:
+    """What went wrong with a store call: Redis refused it (it answered: a password, a
+    database index, an ACL; say what to fix), or it did not answer."""
+    refused = refusal(exc)
+    if refused is not None:
+        return f"refused: {refused}"
+    said = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    if isinstance(exc, ResponseError):
+        return f"refused the call: {said}"
+    return f"did not answer: {said}"
 
 
 async def _run(project: _Project, args: argparse.Namespace, out: TextIO) -> int:
@@ -383,11 +395,15 @@ def render(view: ClusterStatus) -> str:
                 "yes" if job.paused else "no",
                 _ago(now, last),
                 (checkpoint.last_outcome if checkpoint else None) or "-",
+                "no" if job.overdue_since is None else f"since {_ago(now, job.overdue_since)}",
             )
         )
     return (
         f"project {printable(repr(view.project))} at {now.isoformat()}\n\n"
         + _table(("NODE", "VERSION", "STARTED", "LAST SEEN", "LEADS"), nodes)
         + "\n"
-        + _table(("JOB", "SCHEDULE", "LEADER", "LEASE LEFT", "PAUSED", "LAST RUN", "OUTCOME"), jobs)
+        + _table(
+            ("JOB", "SCHEDULE", "LEADER", "LEASE LEFT", "PAUSED", "LAST RUN", "OUTCOME", "OVERDUE"),
+            jobs,
+        )
     )

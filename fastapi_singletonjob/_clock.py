@@ -19,7 +19,7 @@ import time
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
-__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock"]
+__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock", "WaitsForThreads"]
 
 
 @runtime_checkable
@@ -36,6 +36,16 @@ class Clock(Protocol):
 
     async def sleep(self, seconds: float) -> None:
         """Suspend the calling task for ``seconds`` of monotonic time."""
+        ...
+
+
+@runtime_checkable
+class WaitsForThreads(Protocol):
+    """A clock that a test advances (``testing.FakeClock``), told of each thread a sync job
+    runs in, so that advancing time waits for the runs it starts, sync ones included."""
+
+    def thread_started(self, thread: asyncio.Future[object]) -> None:
+        """A sync job's run started in a thread; ``thread`` resolves when it returns."""
         ...
 
 

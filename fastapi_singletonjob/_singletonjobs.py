@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, TypeVar
 
@@ -20,6 +21,7 @@ from ._checkpoint import Checkpoint
 from ._clock import SYSTEM_CLOCK, Clock
 from ._config.redact import redact_url
 from ._config.settings import Duration, Settings, is_name
+from ._config.workers import memory_store_warning, this_process
 from ._engine.engine import Engine
 from ._engine.snapshot import EngineSnapshot
 from ._errors import ConfigurationError, UsageError
@@ -35,6 +37,8 @@ from ._job.spec import (
     fixed_rate_schedule,
     interval_schedule,
 )
+from ._outcomes import JobStats
+from ._overdue import OverdueCallback
 from ._schedule import Schedule
 from ._store.base import Store
 from ._store.open import open_store
@@ -58,7 +62,9 @@ class SingletonJobs:
     ``SINGLETONJOB_PROJECT``, ``SINGLETONJOB_NODE_ID``, ``SINGLETONJOB_HEARTBEAT_INTERVAL``,
     ``SINGLETONJOB_LOCK_EXPIRY``, ``SINGLETONJOB_MAX_BACKOFF``,
     ``SINGLETONJOB_SHUTDOWN_TIMEOUT``, ``SINGLETONJOB_PRECISION``,
-    ``SINGLETONJOB_CHECKPOINT_RETENTION``, durations in seconds); explicit arguments win.
+    ``SINGLETONJOB_CHECKPOINT_RETENTION``, ``SINGLETONJOB_PLACEMENT``, ``SINGLETONJOB_HISTORY``;
+    durations in seconds); explicit arguments win. A ``SINGLETONJOB_*`` variable that is none
+    of these is warned of at startup.
 
     :param redis_url: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://host:port,...``
         (Redis Cluster), or ``memory://`` (one process only, for development and tests).
@@ -90,6 +96,11 @@ class SingletonJobs:
     :param history: how many occurrences (runs, and instants not run with the reason) each
         job's history keeps in Redis, cluster-wide (100; 0 keeps none; ``jobs.history``,
         ``SINGLETONJOB_HISTORY``); a job's own ``history=`` wins.
+    :param on_overdue: called with an ``OverdueEvent`` when a job's overdue spell begins
+        (no run started within its period plus a grace): once per spell, on the one node whose
+        check noticed it first, a coroutine function on the loop or a function in a thread,
+        bounded (30 s); what it raises is logged. A job's own ``on_overdue=`` wins. See
+        docs/operations.md, "Overdue jobs".
     :param clock: a ``FakeClock`` in tests; default the
         system clock.
     :param tracer_provider: OpenTelemetry tracer provider; default the global one.
@@ -111,6 +122,7 @@ class SingletonJobs:
         checkpoint_retention: Duration | None = None,
         placement: Literal["spread", "first"] | None = None,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
         clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -149,7 +161,16 @@ class SingletonJobs:
             placement=placement,
             history=history,
         )
+        if on_overdue is not None and not callable(on_overdue):
+            raise ConfigurationError(
+                f"on_overdue={on_overdue!r} is not callable; pass a function or coroutine "
+                "function that takes an OverdueEvent",
+                field="on_overdue",
+            )
+        self._on_overdue = on_overdue
         self._client = redis
+        self._kept: dict[str, JobStats] | None = None
+        """Each job's counters and last run as the last stop left them (``status()``)."""
         self._clock: Clock = clock or SYSTEM_CLOCK
         self._specs: dict[str, JobSpec] = {}
         self._engine: Engine | None = None
@@ -242,7 +263,7 @@ class SingletonJobs:
         """A snapshot of this node and its jobs (or only ``job``), as the router serves it."""
         if job is not None:
             require_registered(job, self._specs)
-        return node_status(StatusView(self), only=job)
+        return node_status(StatusView(self), only=job, kept=self._kept)
 
     async def checkpoint(self, job: str) -> Checkpoint | None:
         """``job``'s checkpoint as stored, the same from every replica; None before its first
@@ -292,6 +313,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function as soon as this node leads, then ``every`` after
         each run ends (run, then wait)."""
@@ -304,6 +327,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         )
         return self._decorator(name, interval_schedule(name, every), "interval", options)
 
@@ -319,6 +344,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function on a grid of instants ``epoch + offset + k * every``
         shared by all replicas; a tick that comes while a run is still going is dropped."""
@@ -331,6 +358,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         )
         return self._decorator(
             name, fixed_rate_schedule(name, every, offset), "fixed_rate", options
@@ -350,6 +379,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of a cron expression (5 fields, or 6
         with seconds last), in ``timezone``. A run may start up to ``misfire_grace`` after
@@ -363,6 +394,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         ).misfiring(name, misfire_grace, misfire)
         return self._decorator(name, cron_schedule(name, expression, timezone), "cron", options)
 
@@ -379,6 +412,8 @@ class SingletonJobs:
         lock_expiry: Duration | None = None,
         checkpoint: bool = True,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> Callable[[F], F]:
         """Run the decorated function at the instants of any object with a
         ``next_fire(after: datetime) -> datetime | None`` method."""
@@ -391,6 +426,8 @@ class SingletonJobs:
             lock_expiry,
             self._heartbeat_s,
             history,
+            on_overdue,
+            overdue_grace,
         ).misfiring(name, misfire_grace, misfire)
         return self._decorator(name, custom_schedule(name, schedule), "custom", options)
 
@@ -446,7 +483,13 @@ class SingletonJobs:
         store = self._open_store()
         try:
             engine = Engine(
-                self.settings, list(self._specs.values()), store, self._clock, app, self._telemetry
+                self.settings,
+                list(self._specs.values()),
+                store,
+                self._clock,
+                app,
+                self._telemetry,
+                on_overdue=self._on_overdue,
             )
         except BaseException:
             await store.aclose()
@@ -462,6 +505,20 @@ class SingletonJobs:
             f" ({len(disabled)} disabled: {', '.join(disabled)})" if disabled else "",
             store,
         )
+        self._warn_of_a_memory_store()
+
+    def _warn_of_a_memory_store(self) -> None:
+        """``memory://`` on the system clock is an application's store, not a test's: say that
+        it elects within this process only, at ERROR when this process is one of several
+        workers of a server (each runs every job). On an injected clock it is a simulation."""
+        url = self.settings.redis_url
+        if self._client is not None or url is None or not url.startswith("memory:"):
+            return
+        if self._clock is not SYSTEM_CLOCK:
+            return
+        workers = this_process()
+        level = logging.WARNING if workers is None else logging.ERROR
+        logger.log(level, "%s", memory_store_warning(url, workers, os.getpid()))
 
     async def stop(self) -> None:
         """Stop ticking, drain runs, release the locks, close what the library opened."""
@@ -476,6 +533,10 @@ class SingletonJobs:
             await asyncio.shield(engine.abort())
             raise
         finally:
+            # What the runs did stays in status() until the next start: a test that stops
+            # the node and then reads its counters sees them (they showed no runs).
+            with contextlib.suppress(Exception):  # never hide why stop() failed
+                self._kept = {name: job.stats for name, job in engine.snapshot().jobs.items()}
             self._engine = None
             logger.info("singletonjob node %s stopped", self.node_id)
 

@@ -14,6 +14,8 @@ instrument                                 kind       unit     attributes
 ``singletonjob.ticks.dropped``             counter    {tick}   job, reason
 ``singletonjob.leader``                    gauge      1        job
 ``singletonjob.paused``                    gauge      1        job
+``singletonjob.overdue``                   gauge      1        job
+``singletonjob.overdue.spells``            counter    {spell}  job
 ``singletonjob.leadership.changes``        counter    {change} job, change
 ``singletonjob.leaderless.duration``       histogram  s        job
 ``singletonjob.election.duration``         histogram  s        (none)
@@ -121,6 +123,12 @@ class _Instruments:
             unit="{round}",
             description="Election rounds that failed, by error type.",
         )
+        self.overdue_spells = meter.create_counter(
+            "singletonjob.overdue.spells",
+            unit="{spell}",
+            description="Overdue spells that began, counted once cluster-wide: by the node "
+            "that noticed (and called on_overdue).",
+        )
         self.sources: weakref.WeakSet[Telemetry] = weakref.WeakSet()
         """The ``Telemetry`` objects whose leadership the gauge reports."""
         meter.create_observable_gauge(
@@ -135,6 +143,20 @@ class _Instruments:
             unit="1",
             description="1 while an operator has paused the job (jobs.pause), else 0.",
         )
+        meter.create_observable_gauge(
+            "singletonjob.overdue",
+            callbacks=[self._observe_overdue],
+            unit="1",
+            description="1 while the job is overdue (its spell as stored, the same on every "
+            "node that watches it), else 0.",
+        )
+
+    def _observe_overdue(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(int(overdue), {ATTR_JOB: job})
+            for source in list(self.sources)
+            for job, overdue in source.overdue()
+        ]
 
     def _observe_paused(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
@@ -203,21 +225,27 @@ class Telemetry:
         self.leaderless = instruments.leaderless
         self.election_duration = instruments.election_duration
         self.election_failures = instruments.election_failures
+        self.overdue_spells = instruments.overdue_spells
         self.leading: Callable[[], Iterable[tuple[str, bool]]] = _nobody_leads
         """(job, leads) of every job of the running engine, for the leader gauge."""
         self.paused: Callable[[], Iterable[tuple[str, bool]]] = _nobody_leads
         """(job, paused) of every job of the running engine, for the paused gauge."""
+        self.overdue: Callable[[], Iterable[tuple[str, bool]]] = _nobody_leads
+        """(job, overdue) of every job the running engine watches, for the overdue gauge."""
 
     def register(
         self,
         jobs: Sequence[str],
         leading: Callable[[], Iterable[tuple[str, bool]]],
         paused: Callable[[], Iterable[tuple[str, bool]]] = lambda: (),
+        overdue: Callable[[], Iterable[tuple[str, bool]]] = lambda: (),
+        watched: Sequence[str] = (),
     ) -> None:
         """Start every per-job series at zero, so that dashboards show zeros, not gaps."""
         self._detect()
         self.leading = leading
         self.paused = paused
+        self.overdue = overdue
         self._sources.add(self)
         if not self.metering:
             return
@@ -228,11 +256,13 @@ class Telemetry:
                 self.dropped.add(0, {ATTR_JOB: job, ATTR_REASON: reason})
             for change in CHANGES:
                 self.changes.add(0, {ATTR_JOB: job, ATTR_CHANGE: change})
+        for job in watched:
+            self.overdue_spells.add(0, {ATTR_JOB: job})
 
     def unregister(self) -> None:
         """The engine stopped: the leader gauge no longer reports (nor holds) it."""
         self._sources.discard(self)
-        self.leading = self.paused = _nobody_leads
+        self.leading = self.paused = self.overdue = _nobody_leads
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -301,6 +331,11 @@ class Telemetry:
         """Count ticks that started no run."""
         if self.metering:
             self.dropped.add(count, {ATTR_JOB: job, ATTR_REASON: reason})
+
+    def overdue_spell(self, job: str) -> None:
+        """Count an overdue spell of ``job`` that this node's check opened."""
+        if self.metering:
+            self.overdue_spells.add(1, {ATTR_JOB: job})
 
     # -- election ---------------------------------------------------------------------------
 

@@ -7,10 +7,12 @@ __all__ = [
     "CLOCK_RATE_ERROR",
     "MARGIN_FRACTION",
     "MIN_MARGIN_S",
+    "REFUSED_BACKOFF_FACTOR",
     "WATCH_STEP_S",
     "lease_deadline",
     "leaderless_s",
     "next_attempt_delay",
+    "refused_backoff_s",
     "until_beat_s",
 ]
 
@@ -18,6 +20,8 @@ CLOCK_RATE_ERROR = 1e-3
 """Assumed worst relative rate error between this node's clock and Redis's (NTP: <= 5e-4)."""
 MARGIN_FRACTION = 0.01
 MIN_MARGIN_S = 0.005
+REFUSED_BACKOFF_FACTOR = 2.0
+"""How many ``max_backoff`` a node that Redis refuses waits at most between rounds."""
 WATCH_STEP_S = 0.1
 """Longest sleep of the deadline watchdog while a run of a job this node leads is in flight
 (``Lease.running``) and its term's ``leadership_lost`` was asked for (by the run, or by the
@@ -65,6 +69,7 @@ def next_attempt_delay(
     holder_ttl_s: float | None = None,
     sent_at: float = 0.0,
     phase: float = 0.0,
+    refused: bool = False,
 ) -> float:
     """Seconds until the next election round (pure; ``jitter`` is uniform in [0, 1)).
 
@@ -75,6 +80,9 @@ def next_attempt_delay(
     - Failing while leading with a valid lease: keep the heartbeat, or the lease is lost.
     - Failing otherwise: exponential backoff from the heartbeat, capped at ``max_backoff_s``,
       with equal jitter (half fixed, half random) so that replicas do not retry in step.
+    - Refused (``refused``: Redis said no to a password, a database index, an ACL), not
+      leading: ``refused_backoff_s``, with the same jitter; no retry mends that, and the
+      release listener, which tries every heartbeat, wakes the election once it is fixed.
     """
     if failures == 0:
         healthy_s = until_beat_s(sent_at, heartbeat_s, phase)
@@ -83,8 +91,16 @@ def next_attempt_delay(
         return healthy_s
     if leading:
         return heartbeat_s
+    if refused:
+        return refused_backoff_s(max_backoff_s) * (0.5 + 0.5 * jitter)
     base = min(max_backoff_s, heartbeat_s * 2.0 ** min(failures, 30))
     return base * (0.5 + 0.5 * jitter)
+
+
+def refused_backoff_s(max_backoff_s: float) -> float:
+    """The longest pause between the election rounds of a node that Redis refuses: twice
+    ``max_backoff`` (60 s by default)."""
+    return REFUSED_BACKOFF_FACTOR * max_backoff_s
 
 
 def leaderless_s(

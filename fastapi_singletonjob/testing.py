@@ -16,20 +16,26 @@ import asyncio
 import heapq
 import itertools
 import math
+import time
 from datetime import UTC, datetime, timedelta
 
 __all__ = ["FakeClock"]
 
 _SETTLE_ROUNDS = 50
+"""At most this many turns of the event loop per settle (fewer once nothing is ready)."""
 
 
 class FakeClock:
     """A clock that moves only when told to; implements the library's ``Clock`` protocol.
 
     :param start: the wall-clock time at the start (aware).
+    :param thread_wait_s: how long (real seconds) ``advance`` and ``settle`` wait for a sync
+        (``def``) job's run in a thread to return; a run still going then goes on, as a run
+        longer than the time advanced would (0: do not wait for threads).
     """
 
-    def __init__(self, start: datetime | None = None) -> None:
+    def __init__(self, start: datetime | None = None, *, thread_wait_s: float = 5.0) -> None:
+        self.thread_wait_s = thread_wait_s
         self._wall_start = start or datetime(2026, 1, 1, tzinfo=UTC)
         if self._wall_start.tzinfo is None:
             raise ValueError("FakeClock(start=...) must be timezone-aware")
@@ -38,6 +44,7 @@ class FakeClock:
         self._wall_shift = timedelta()
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
+        self._threads: set[asyncio.Future[object]] = set()
 
     def monotonic(self) -> float:
         """Monotonic seconds; moves only in ``advance``."""
@@ -104,11 +111,33 @@ class FakeClock:
         self._monotonic = target
         await self.settle()
 
-    @staticmethod
-    async def settle() -> None:
-        """Let every task that is ready run until it waits again."""
-        for _ in range(_SETTLE_ROUNDS):
-            await asyncio.sleep(0)
+    def thread_started(self, thread: asyncio.Future[object]) -> None:
+        """A sync (``def``) job's run started in a thread: ``advance`` and ``settle`` wait
+        for it to return, so a test sees every run that the time it advanced started."""
+        self._threads.add(thread)
+        thread.add_done_callback(self._threads.discard)
+
+    async def settle(self) -> None:
+        """Let every task that is ready run until it waits again, and every sync job's run
+        in a thread return (for up to ``thread_wait_s`` of real time)."""
+        await _turns()
+        deadline = time.monotonic() + self.thread_wait_s
+        while self._threads and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(set(self._threads), timeout=left)
+            await _turns()
 
     def __repr__(self) -> str:
         return f"FakeClock(now={self.now().isoformat()})"
+
+
+async def _turns() -> None:
+    """Turns of the event loop until no callback is ready (at most ``_SETTLE_ROUNDS``): every
+    task that can go on has run up to its next wait. Two turns in a row with nothing ready,
+    since a callback of the first may schedule one for the second."""
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)  # CPython's run queue
+    idle = 0
+    for _ in range(_SETTLE_ROUNDS):
+        await asyncio.sleep(0)
+        idle = idle + 1 if ready is not None and not ready else 0
+        if idle >= 2:
+            return

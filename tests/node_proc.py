@@ -129,10 +129,18 @@ async def serve(
     ready: Path | None = None,
     every_s: float = EVERY_S,
     job_count: int = 1,
+    overdue_journal: Path | None = None,
 ) -> None:
     """Run the replica until SIGTERM, then stop gracefully; create ``ready`` once started.
-    (The benchmarks run this same replica with their own settings.)"""
-    from fastapi_singletonjob import JobContext, SingletonJobs
+    (The benchmarks run this same replica with their own settings.) With ``overdue_journal``,
+    its ``on_overdue`` appends each event told to it there, one JSON line each."""
+    from fastapi_singletonjob import JobContext, OverdueEvent, SingletonJobs
+
+    def overdue(event: OverdueEvent) -> None:
+        assert overdue_journal is not None
+        row = {"job": event.job, "node": event.node_id, "since": event.overdue_since.timestamp()}
+        with open(overdue_journal, "a") as out:
+            out.write(json.dumps(row) + "\n")
 
     jobs = SingletonJobs(
         redis_url=url,
@@ -141,6 +149,7 @@ async def serve(
         heartbeat_interval=heartbeat_s,
         lock_expiry=lock_expiry_s,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        on_overdue=None if overdue_journal is None else overdue,
     )
     fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
@@ -185,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--journal", required=True, type=Path)
     parser.add_argument("--every", type=float, default=EVERY_S, help="the job's period, s")
     parser.add_argument("--jobs", type=int, default=1, help="how many such jobs (tick-00 ...)")
+    parser.add_argument("--overdue-journal", type=Path, help="where on_overdue writes, if any")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -199,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.journal,
             every_s=args.every,
             job_count=args.jobs,
+            overdue_journal=args.overdue_journal,
         )
     )
     return 0

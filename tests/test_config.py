@@ -1163,6 +1163,7 @@ PUBLIC_NAMES = [
     "NodeStatus",
     "Occurrence",
     "Outcome",
+    "OverdueEvent",
     "Schedule",
     "ScheduleError",
     "SingletonJobError",

@@ -128,3 +128,40 @@ async def test_a_single_node_whose_claims_fail_lets_go_and_takes_the_job_back(
     assert after and after[0].started - healed_at <= LOCK_EXPIRY_S + 2 * HEARTBEAT_S
     assert after[0].scheduled_at > START
     await asyncio.sleep(0)
+
+
+async def test_the_job_is_let_go_a_lock_expiry_after_its_claims_fail_not_at_its_next_instant(
+    make: Factory, clock: FakeClock, journal: Journal
+) -> None:
+    """A cron job every minute whose claims time out: node a lets it go a lock expiry after
+    the first was asked (node b leads it long before the next instant), and a, letting it go,
+    asks no claim more (one would hold an instant that a never runs, and that b is then
+    refused)."""
+    a, b = make("a"), make("b")
+
+    # A grace shorter than the lock expiry: the instant's claim is given up before the job is
+    # let go, and no run comes for a minute to notice that the claims still fail.
+    @a.cron("minutely", "* * * * *", misfire_grace=0.5)
+    @b.cron("minutely", "* * * * *", misfire_grace=0.5)
+    async def minutely(ctx: JobContext) -> None:
+        journal.begin(ctx).ended = clock.monotonic()
+
+    await a.start()
+    await clock.advance(0.1)
+    await b.start()
+    await clock.advance(1.0)
+    assert engine(a).elector.is_leader("minutely")
+    asked = fail_claims(a, clock, after_s=HEARTBEAT_S)  # the claims' deadline
+    b_leads_at = None
+    for _ in range(int(70 / 0.05)):
+        await clock.advance(0.05)
+        if asked and engine(b).elector.is_leader("minutely"):
+            b_leads_at = clock.monotonic()
+            break
+    assert asked, "node a never claimed the minute's instant"
+    assert b_leads_at is not None, "the job never moved to the healthy node"
+    print(f"b leads {b_leads_at - asked[0]:.2f}s after a's claim was asked")
+    assert b_leads_at - asked[0] <= MOVE_BOUND_S  # not a minute later, at the next instant
+    assert a.status("minutely").jobs[0].let_go is not None
+    assert all(at < asked[0] + LOCK_EXPIRY_S for at in asked), asked
+    await stop(b, clock)

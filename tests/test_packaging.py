@@ -5,7 +5,7 @@ no tests, docs or example app. The sdist holds the sources with LICENSE, README.
 CHANGELOG.md. The test builds both with ``python -m build`` (isolated environments that fetch
 the build backend: several seconds, hence ``slow``) into a temporary directory; ``nox -s build``
 builds them once, checks them with ``twine check --strict`` and passes their directory in
-``SINGLETONJOB_DIST_DIR`` instead.
+``SJTEST_DIST_DIR`` instead.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import fastapi_singletonjob
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "fastapi_singletonjob"
-DIST_DIR_ENV = "SINGLETONJOB_DIST_DIR"
+DIST_DIR_ENV = "SJTEST_DIST_DIR"
 """A directory holding one built sdist and one wheel; unset, the test builds them."""
 BUILD_TIMEOUT_S = 240
 

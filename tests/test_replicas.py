@@ -442,6 +442,30 @@ async def probe_round(cluster: Replicas, nodes: list[Replica]) -> dict[str, tupl
     return result
 
 
+async def test_memory_store_under_uvicorn_workers_is_an_error_naming_them(
+    replicas: Replicas, unique_project: str
+) -> None:
+    """``memory://`` elects within one process: under ``uvicorn --workers 2`` both workers run
+    every job. Each worker says so at ERROR, naming the server; a lone uvicorn gets the plain
+    WARNING."""
+    several = replicas.start("workers", "memory://", unique_project, workers=2)
+    alone = replicas.start("alone", "memory://", unique_project)
+    loud = "is one of 2 workers of uvicorn --workers 2: each of the 2 runs every job"
+
+    def said() -> bool:
+        replicas.check_running(several)
+        replicas.check_running(alone)
+        return several.output().count(loud) == 2 and "elects within" in alone.output()
+
+    await wait_until(said, STARTUP_S, "both workers and the lone uvicorn warn", poll_s=POLL_S)
+    lines = [line for line in several.output().splitlines() if loud in line]
+    assert all(" ERROR " in line for line in lines), lines
+    assert len({line.split("(pid ")[1].split(")")[0] for line in lines}) == 2, lines
+    (warning,) = [line for line in alone.output().splitlines() if "elects within" in line]
+    assert " WARNING " in warning and "every worker and replica runs every job" in warning
+    assert "workers of" not in warning, warning
+
+
 async def test_probes_follow_a_redis_outage(
     replicas: Replicas, fresh_redis: RedisServerFactory, unique_project: str
 ) -> None:

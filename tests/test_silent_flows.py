@@ -5,7 +5,7 @@ the connections open now without a RST, while new ones work. On a real redis-ser
 Every call to Redis has a deadline and a call past it drops its connection, so a claim that
 waited on a dead flow never holds back the claims after it: the runs of a cron job every second
 resume within a lock expiry and a heartbeat of the freeze (the claim in flight then waits at
-most the lease's time left, and the next goes on a fresh connection).
+most a heartbeat, and the next goes on a fresh connection).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ SLACK_S = 0.5
 BLACK_HOLE_S = 2.0
 RESUME_BOUND_S = LOCK_EXPIRY_S + HEARTBEAT_S + SLACK_S
 """From the freeze to the first run that starts after it: the claim in flight waits at most
-the lease's time left (under a lock expiry), then the next instant's claim goes on a fresh
-connection; a cron instant comes every second."""
+a heartbeat, then it is retried (or the next instant's claim goes) on a fresh connection; a
+cron instant comes every second."""
 
 
 @pytest.fixture

@@ -468,3 +468,56 @@ async def test_a_job_retired_on_its_preferred_node_is_not_handed_to_it(
     assert not handed, [r.getMessage() for r in handed]
     assert {name for at, name in runs if at >= began} == {"q"}
     assert len(window) >= 29 and max(gaps) <= 0.2 + 1e-6, (len(window), gaps)
+
+
+@pytest.mark.parametrize("ids", [("web-3a", "web-3b"), ("web-0a", "web-0b"), ("a", "b")])
+@pytest.mark.parametrize("whose", ["fewer", "more"])
+async def test_a_step_down_leaves_three_jobs_two_and_one(
+    unique_project: str, ids: tuple[str, str], whose: str
+) -> None:
+    """Issue 29, item 11: after a ``step-down``, two nodes were left with 3 jobs and 0. The
+    cause was the placement rule before issue 26's fix: a job moved only to the first node of
+    its rendezvous ranking, and for some id pairs (``web-3a``, ``web-3b``) one node is first
+    for none of three jobs, so nothing ever moved to it (0/3 from the start at 8a9ec66).
+    ``share_out`` gives each node its share: the step-down's job comes back, 2 and 1."""
+    clock = FakeClock()
+    names = ["price-tick", "cleanup", "daily-report"]
+    nodes = []
+    for node_id in ids:
+        jobs = SingletonJobs(
+            "memory://",
+            project=unique_project,
+            node_id=node_id,
+            heartbeat_interval=HEARTBEAT_S,
+            lock_expiry=EXPIRY_S,
+            clock=clock,
+        )
+        for name in names:
+
+            @jobs.fixed_rate(name, every=1.0, checkpoint=False)
+            async def run() -> None:
+                pass
+
+        nodes.append(jobs)
+
+    def counts() -> dict[str, list[str]]:
+        led: dict[str, list[str]] = {node_id: [] for node_id in ids}
+        for jobs in nodes:
+            led[jobs.node_id] = [n for n in names if jobs.status(n).jobs[0].is_leader]
+        return led
+
+    try:
+        for jobs in nodes:
+            await jobs.start()
+        await clock.advance(CONVERGE_S)
+        before = counts()
+        assert sorted(map(len, before.values())) == [1, 2], before
+        pick = min if whose == "fewer" else max
+        target = pick(before.values(), key=len)
+        await nodes[0].step_down(target[0])
+        await clock.advance(CONVERGE_S + EXPIRY_S)  # the step-down's rest, then placement
+        after = counts()
+        assert sorted(map(len, after.values())) == [1, 2], after
+    finally:
+        for jobs in nodes:
+            await stop(jobs, clock)

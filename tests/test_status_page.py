@@ -40,7 +40,7 @@ from fastapi_singletonjob._web.page import STRIP_ENTRIES
 PREFIX = "/sj"
 PHONE_WIDTH = 414
 SCREENSHOT = Path(__file__).parent.parent / "docs" / "images" / "status-page.png"
-UPDATE_SCREENSHOT = "SINGLETONJOB_UPDATE_SCREENSHOT"
+UPDATE_SCREENSHOT = "SJTEST_UPDATE_SCREENSHOT"
 """Set to 1 to write the screenshot to docs/images (else it goes to the test's tmp_path)."""
 HOSTILE = "pricing API answered 502: <script>document.title='pwned'</script> & \"retry\""
 """An error text that would run a script if the page did not escape it."""

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
@@ -24,12 +24,18 @@ from redis_cluster import TestCluster
 from servers import RedisServer, RedisServerFactory
 from waiting import wait_until
 
-from fastapi_singletonjob._checkpoint import FinishedRun
+from fastapi_singletonjob._checkpoint import FinishedRun, to_unix_us
 from fastapi_singletonjob._clock import SystemClock
 from fastapi_singletonjob._lock_value import SHOWN_VALUE_CHARS
 from fastapi_singletonjob._outcomes import Outcome
 from fastapi_singletonjob._store import keys as _keys
-from fastapi_singletonjob._store.base import LeaseReply, LeaseRequest, Store, parse_notice
+from fastapi_singletonjob._store.base import (
+    LeaseReply,
+    LeaseRequest,
+    OverdueCheck,
+    Store,
+    parse_notice,
+)
 from fastapi_singletonjob._store.membership import MemberRecord, Membership, jobs_digest
 from fastapi_singletonjob._store.memory import MemoryLeaseStore
 from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore
@@ -485,6 +491,63 @@ async def test_item11_an_instant_ahead_of_the_store_clock_is_not_claimed(case: C
     assert await store.claim("job", value, now_us + 60_000_000) == -2
     assert await store.claim("job", value, now_us + 60_000_000, max_ahead_us=120_000_000) == 1
     assert await store.claim("job", value, now_us + 100_000) == 0, "the later one was recorded"
+
+
+async def test_the_check_opens_a_spell_once_tells_it_once_and_ends_it(case: Case) -> None:
+    store = case.store
+    """Two nodes' checks on one store: the spell opens at the deadline, only if the anchor is
+    still the one it was judged by; one caller takes the telling (a later one that can tell
+    takes it when the opener could not); a claim changes the anchor and ends the spell."""
+    first = await store.check_overdue([OverdueCheck("j", "", None)], retention_s=60)
+    (state,) = first.jobs
+    assert state.anchor.empty and state.spell is None and not state.opened
+    now, anchor = first.now, state.anchor.text
+    stale = await store.check_overdue([OverdueCheck("j", "9,,", now)], retention_s=60)
+    assert stale.jobs[0].spell is None  # judged by another anchor: not opened
+    future = now + timedelta(hours=1)
+    early = await store.check_overdue([OverdueCheck("j", anchor, future)], retention_s=60)
+    assert early.jobs[0].spell is None
+
+    opened = await store.check_overdue([OverdueCheck("j", anchor, now)], retention_s=60)
+    assert opened.jobs[0].opened and not opened.jobs[0].tell  # the opener cannot tell
+    assert opened.jobs[0].spell is not None and opened.jobs[0].spell[0] == now
+    teller = OverdueCheck("j", anchor, now, can_tell=True)
+    replies = [await store.check_overdue([teller], retention_s=60) for _ in range(3)]
+    assert [(r.jobs[0].opened, r.jobs[0].tell) for r in replies] == [
+        (False, True),
+        (False, False),
+        (False, False),
+    ]
+    cluster = await store.read_cluster(["j"])
+    assert cluster.jobs["j"].overdue_since == now
+
+    [reply] = await store.elect("n#1", [LeaseRequest("j", 5.0)])
+    assert reply.held and reply.value is not None
+    await store.claim("j", reply.value, to_unix_us(now))
+    (cluster_job,) = (await store.read_cluster(["j"])).jobs.values()
+    assert cluster_job.overdue_since is None  # its anchor changed: over, even before a check
+    ended = await store.check_overdue([teller], retention_s=60)
+    assert ended.jobs[0].spell is None and ended.jobs[0].anchor.claimed_us == to_unix_us(now)
+    assert not ended.jobs[0].opened
+
+    moved = ended.jobs[0].anchor.text
+    again = await store.check_overdue(
+        [OverdueCheck("j", moved, now, can_tell=True)], retention_s=60
+    )
+    assert again.jobs[0].opened and again.jobs[0].tell  # a new spell: told again
+
+
+async def test_a_pause_ends_the_spell_and_keeps_it_shut(case: Case) -> None:
+    store = case.store
+    first = await store.check_overdue([OverdueCheck("j", "", None)], retention_s=60)
+    check = OverdueCheck("j", first.jobs[0].anchor.text, first.now, can_tell=True)
+    assert (await store.check_overdue([check], retention_s=60)).jobs[0].opened
+    await store.set_control("paused:j", '{"at": "2030-01-01T00:00:00+00:00", "by": "t"}')
+    paused = await store.check_overdue([check], retention_s=60)
+    assert paused.jobs[0].paused and paused.jobs[0].spell is None and not paused.jobs[0].opened
+    await store.set_control("paused:j", None)
+    resumed = await store.check_overdue([check], retention_s=60)
+    assert resumed.jobs[0].opened  # the caller's deadline decides: the watch counts afresh
 
 
 # --- Redis only --------------------------------------------------------------------------------

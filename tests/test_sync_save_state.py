@@ -100,6 +100,7 @@ async def test_a_sync_jobs_save_after_its_term_ended_raises_and_changes_nothing(
     make: Factory, clock: FakeClock
 ) -> None:
     a, b = make("a"), make("b")
+    clock.thread_wait_s = 0  # a's run is held in its thread while time advances
     errors: list[BaseException] = []
     saved_first, resume, finished = threading.Event(), threading.Event(), threading.Event()
 

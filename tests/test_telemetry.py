@@ -337,3 +337,32 @@ async def test_paused_gauge_follows_pause_and_resume(
     await jobs.resume("report")
     await clock.settle()
     assert otel.value("singletonjob.paused", **{"singletonjob.job": "report"}) == 0
+
+
+async def test_overdue_gauge_and_spells(make: Factory, clock: FakeClock, otel: Otel) -> None:
+    """``singletonjob.overdue`` is 1 on the nodes that watch the job while its spell is open;
+    ``singletonjob.overdue.spells`` counts the spell once, on the node that opened it."""
+    from fake_nodes import kill
+
+    told: list[object] = []
+    leader, observer = make("a"), make("b")
+
+    async def tell(event: object) -> None:
+        told.append(event)
+
+    async def tick() -> None:
+        pass
+
+    leader.fixed_rate("tick", every=1.0)(tick)
+    observer.fixed_rate("tick", every=1.0, enabled=False, on_overdue=tell)(tick)
+    await leader.start()
+    await observer.start()
+    await clock.advance(3.5)
+    job = {"singletonjob.job": "tick"}
+    assert otel.value("singletonjob.overdue", **job) == 0
+    assert otel.value("singletonjob.overdue.spells", **job) == 0
+    kill(leader)
+    await clock.advance(12.0)
+    assert len(told) == 1
+    assert otel.value("singletonjob.overdue", **job) == 1
+    assert otel.value("singletonjob.overdue.spells", **job) == 1

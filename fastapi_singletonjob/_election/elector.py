@@ -23,8 +23,9 @@ from .._checkpoint import to_unix_us
 from .._clock import Clock
 from .._lock_value import OWNER_SEPARATOR
 from .._store.base import ClaimResult, LeaseReply, LeaseRequest, ReleaseListener, Store
+from .._store.refusals import Refusal, refusal
 from .._telemetry import Telemetry
-from .._timing import call_timeout_s, next_attempt_delay
+from .._timing import call_timeout_s, next_attempt_delay, refused_backoff_s
 from .interest import Interest, soonest_end_s
 from .lease import Lease, LeaseView
 from .placement import Spreader
@@ -37,6 +38,10 @@ logger = logging.getLogger("fastapi_singletonjob.election")
 NOTICE_BURST = 2
 """How many rounds release-channel messages may wake at once after a quiet spell; beyond it,
 one per heartbeat (``NoticeBudget``)."""
+
+
+_CLAIM_ROUND_TRIPS = 3
+"""A claim waits at least this many of the election's last round trips (``Elector.claim``)."""
 
 
 class NoticeBudget:
@@ -87,6 +92,8 @@ class ElectionStatus:
     failures: int
     """Failed rounds in a row (0: the last round reached the store)."""
     last_error: str | None
+    refused: Refusal | None
+    """The last round's error, when it is one that no retry mends (Redis said no)."""
     last_success_at: float | None
     """When the last successful round was sent."""
     last_round_at: float | None
@@ -152,6 +159,9 @@ class Elector:
         self._notice_at: float | None = None
         self.failures = 0
         self.last_error: str | None = None
+        self.refused: Refusal | None = None
+        """Redis refused the last round (a password, a database index, an ACL): no retry
+        mends it, so the rounds back off longer and the ERROR says what to fix."""
         self.last_success_at: float | None = None
         """Monotonic time the last successful round was sent."""
         self.last_round_at: float | None = None
@@ -200,6 +210,7 @@ class Elector:
         return ElectionStatus(
             failures=self.failures,
             last_error=self.last_error,
+            refused=self.refused,
             last_success_at=self.last_success_at,
             last_round_at=self.last_round_at,
             round_trip_s=self.round_trip_s,
@@ -207,15 +218,19 @@ class Elector:
 
     async def claim(self, job: str, token: int, instant_us: int) -> ClaimResult | None:
         """Claim ``job``'s instant for this node's term ``token`` (see ``Store.claim``);
-        None when the store did not answer within the time left on the lease."""
+        None when the store did not answer within a heartbeat (three of the election's round
+        trips if longer: a Redis far away; the time left on the lease if less)."""
         lease = self.leases[job]
         left = lease.deadline - self._clock.monotonic()
         if lease.token != token or lease.value is None or left <= 0:
             return ClaimResult.NOT_HOLDER
+        # A heartbeat: the claims that fire together go in one call, which the store answers
+        # in milliseconds; a claim whose request or reply was lost is retried then (and
+        # recognised as this term's own), not after the whole lease (a lock expiry of
+        # instants lost to one lost packet). The store's own bound drops a connection that
+        # does not answer in time.
+        left = min(left, max(self._heartbeat_s, _CLAIM_ROUND_TRIPS * (self.round_trip_s or 0)))
         try:
-            # Bounded by the lease alone: claims that fire together queue for a connection,
-            # and a claim retried after a lost reply is recognised as this term's own. The
-            # store's own bound drops a connection that does not answer in time.
             claim = self._store.claim(job, lease.value, instant_us, timeout_s=left)
             return await within(claim, left)
         except Exception as exc:
@@ -229,7 +244,7 @@ class Elector:
         step-down (``Terms.let_go``), in a round at once once no run is in flight."""
         self.terms.let_go(job, cause)
         if not self.leases[job].running:
-            self._wake.ring()
+            self._round_now()
 
     def run_started(self, job: str) -> None:
         """A run of ``job`` started (the watchdog: see ``lost_awaited``)."""
@@ -459,6 +474,7 @@ class Elector:
             )
         self.failures = 0
         self.last_error = None
+        self.refused = None
         self.last_success_at = sent_at
         self.round_trip_s = self._clock.monotonic() - sent_at
         self.terms.apply(replies, sent_at, self._notice_at)
@@ -466,8 +482,24 @@ class Elector:
 
     def _on_failure(self, exc: BaseException) -> None:
         self.failures += 1
+        refused, before = refusal(exc), self.refused
+        self.refused = refused
+        if refused is not None:
+            self.last_error = f"{type(exc).__name__}: {refused}"
+            if refused != before:
+                backoff_s = refused_backoff_s(self._max_backoff_s)
+                logger.error(
+                    "node %s: Redis refused the election (attempt %d): %s. No retry mends "
+                    "this: the node retries every %g-%g s until it is fixed",
+                    self.node_id,
+                    self.failures,
+                    refused,
+                    backoff_s / 2,
+                    backoff_s,
+                )
+            return
         self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        log = logger.warning if self.failures == 1 else logger.debug
+        log = logger.warning if self.failures == 1 or before is not None else logger.debug
         log(
             "node %s cannot reach the lease store (attempt %d): %s",
             self.node_id,
@@ -489,6 +521,7 @@ class Elector:
             jitter=self._rng(),
             sent_at=sent_at,
             phase=self._phase,
+            refused=self.refused is not None,
         )
 
     def _listener_delay(self) -> float:

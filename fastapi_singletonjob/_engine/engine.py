@@ -8,7 +8,7 @@ Life cycle (``Engine.state``)::
 Shutdown order, chosen so that no two nodes ever run a job at once and no job pauses longer
 than it must:
 
-1. stop the timer, so no new run starts;
+1. stop the timer, so no new run starts, and the overdue watch;
 2. leave the membership, so that the other nodes place the jobs without this one;
 3. release at once the locks of the jobs with no run in flight, so that other nodes take them
    over while this one drains;
@@ -47,6 +47,8 @@ from .._config.settings import Settings
 from .._election.elector import Elector
 from .._election.lease import Lease
 from .._job.spec import JobSpec
+from .._overdue import OverdueCallback
+from .._run.overdue import OverdueWatch
 from .._run.progress import Progress
 from .._run.recorder import Recorder
 from .._run.runner import JobRunner
@@ -80,6 +82,7 @@ class Engine:
         app: object = None,
         telemetry: Telemetry | None = None,
         rng: Callable[[], float] = random.random,
+        on_overdue: OverdueCallback | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -150,8 +153,23 @@ class Engine:
         }
         for runner in self.runners.values():
             self.ticker.add(runner)
+        self.overdue = OverdueWatch(
+            store,
+            specs,
+            node_id=settings.node_id,
+            heartbeat_s=settings.heartbeat_interval_s,
+            lock_expiry_s=settings.lock_expiry_s,
+            retention_s=settings.checkpoint_retention_s,
+            clock=clock,
+            on_overdue=on_overdue,
+            telemetry=self.telemetry,
+            check_s=settings.lock_expiry_s,
+            stopped=self.ticker.failure,
+        )
+        """Each watched job's overdue check, and the ``on_overdue`` calls."""
         store.announce(Membership(self._member_record(enabled)))
         self._election: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._stack = contextlib.AsyncExitStack()
@@ -186,9 +204,11 @@ class Engine:
                 round_trip_s=election.round_trip_s,
                 failures=election.failures,
                 last_error=election.last_error,
+                refused=None if election.refused is None else str(election.refused),
             ),
             jobs={name: self._job_snapshot(name, runner) for name, runner in self.runners.items()},
             failed_tasks=self.supervisor.failed,
+            overdue=dict(self.overdue.overdue()),
         )
 
     def _job_snapshot(self, name: str, runner: JobRunner) -> JobSnapshot:
@@ -222,6 +242,8 @@ class Engine:
         elector.retry_now()
         deadline = self.clock.monotonic() + within_s
         while not (elector.failures == 0 and (elector.last_success_at or -math.inf) >= began):
+            if elector.refused is not None and (elector.last_round_at or -math.inf) >= began:
+                return False  # Redis answers a PING but refused the round: no use waiting
             left_s = deadline - self.clock.monotonic()
             if left_s <= 0:
                 return False
@@ -238,6 +260,11 @@ class Engine:
         """The timer's task (None before start or once stopped)."""
         return self._timer
 
+    @property
+    def watch_task(self) -> asyncio.Task[None] | None:
+        """The overdue watch's task (None before start)."""
+        return self._watch
+
     async def start(self) -> None:
         """Start the election and the timer; returns once they run, without waiting for the
         store (an unreachable Redis is retried in the background). On failure everything
@@ -245,14 +272,17 @@ class Engine:
         stack = self._stack
         stack.push_async_callback(self.store.aclose)
         stack.push_async_callback(self.recorder.aclose)
+        stack.push_async_callback(self.overdue.aclose)
         if self._executor is not None:
             stack.callback(self._executor.shutdown, wait=False)
         try:
-            elector = self.elector
+            elector, watch = self.elector, self.overdue
             self.telemetry.register(
                 list(self.runners),
                 lambda: [(job, elector.is_leader(job)) for job in self.runners],
                 lambda: [(job, lease.paused) for job, lease in elector.leases.items()],
+                lambda: [(job, since is not None) for job, since in watch.overdue().items()],
+                watch.jobs,
             )
             stack.callback(self.telemetry.unregister)
             ready = asyncio.Event()
@@ -269,6 +299,9 @@ class Engine:
                 election.result()  # re-raise a crash of the loop at startup
             self._timer = self.supervisor.start(
                 self.ticker.run(), name=f"singletonjob {self.settings.node_id} timer"
+            )
+            self._watch = self.supervisor.start(
+                self.overdue.run(), name=f"singletonjob {self.settings.node_id} overdue"
             )
         except BaseException:
             await self.abort()
@@ -302,7 +335,9 @@ class Engine:
         self.supervisor.stop()
         self.ticker.stop_waiting()
         runs = [runner.current for runner in self.runners.values()]
-        await abort_all([self._timer, *runs, *self._retiring, self._election], CANCEL_GRACE_S)
+        await abort_all(
+            [self._timer, self._watch, *runs, *self._retiring, self._election], CANCEL_GRACE_S
+        )
         await self._close()
 
     async def _close(self) -> None:
@@ -323,6 +358,8 @@ class Engine:
         self.ticker.stop_waiting()
         if self._timer is not None:
             await cancel_and_wait(self._timer)
+        if self._watch is not None:
+            await cancel_and_wait(self._watch)
         # Leave the membership before releasing anything: a node woken by the release then
         # already places the job without this one, instead of leaving it to a node that left.
         await self._leave()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from .._outcomes import JobStats
 
@@ -57,6 +58,9 @@ class StoreSnapshot:
     round_trip_s: float | None
     failures: int
     last_error: str | None
+    refused: str | None = None
+    """What Redis refused in the last round, and the fix, when no retry mends it (a
+    password, a database index, an ACL permission)."""
 
 
 @dataclass(frozen=True)
@@ -74,3 +78,6 @@ class EngineSnapshot:
     failed_tasks: Mapping[str, str] = field(default_factory=dict)
     """Background tasks of the library that died (by task name: what they raised), which
     only a restart brings back; liveness reports them."""
+    overdue: Mapping[str, datetime | None] = field(default_factory=dict)
+    """The jobs this node watches for being overdue, each with its open spell's start (None:
+    not overdue), as its last check found them in the store."""

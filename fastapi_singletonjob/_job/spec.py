@@ -12,6 +12,7 @@ from typing import Any, Literal
 from .._config.settings import MIN_PERIOD_S, Duration, check_expiry, check_name, to_seconds
 from .._errors import ConfigurationError
 from .._history import check_history
+from .._overdue import OverdueCallback
 from .._schedule import Cron, FixedRate, Interval, Schedule, quartz_misreading
 from .dependencies import JobCall, callable_name
 
@@ -59,6 +60,11 @@ class JobSpec:
     history: int | None = None
     """How many occurrences the job's history keeps (``_history``); None: the
     ``SingletonJobs``'s ``history``. A job with ``checkpoint=False`` keeps none."""
+    on_overdue: OverdueCallback | None = None
+    """Told when the job's overdue spell begins (``_overdue``); None: ``SingletonJobs``'s."""
+    overdue_grace_s: float | None = None
+    """How long past its due start the job may still start a run before it is overdue; None:
+    the default of its kind (``_overdue``)."""
     call: JobCall = field(init=False, repr=False, compare=False)
     """How the function's parameters are resolved for a run."""
 
@@ -83,6 +89,13 @@ class JobSpec:
                 raise ConfigurationError(
                     f"{name}={value!r} must be True or False", job=self.name, field=name
                 )
+        if self.on_overdue is not None and not callable(self.on_overdue):
+            raise ConfigurationError(
+                f"on_overdue={self.on_overdue!r} is not callable; pass a function or coroutine "
+                "function that takes an OverdueEvent",
+                job=self.name,
+                field="on_overdue",
+            )
         if self.misfire not in ("skip", "run_once", "catch_up"):
             raise ConfigurationError(
                 f"misfire={self.misfire!r} is not one of 'skip' (run none of the missed "
@@ -199,6 +212,8 @@ class JobOptions:
     misfire_grace_s: float | None = None
     misfire: MisfirePolicy = "run_once"
     history: int | None = None
+    on_overdue: OverdueCallback | None = None
+    overdue_grace_s: float | None = None
 
     @classmethod
     def parse(
@@ -211,6 +226,8 @@ class JobOptions:
         lock_expiry: Duration | None,
         heartbeat_s: float,
         history: int | None = None,
+        on_overdue: OverdueCallback | None = None,
+        overdue_grace: Duration | None = None,
     ) -> JobOptions:
         """Validate the options of job ``name`` as the user gave them, and its name (the
         others are checked by ``JobSpec``)."""
@@ -221,7 +238,19 @@ class JobOptions:
             expiry_s = to_seconds(lock_expiry, field="lock_expiry", job=name)
             check_expiry(expiry_s, heartbeat_s, field="lock_expiry", job=name)
         kept = None if history is None else check_history(history, job=name)
-        return cls(enabled, on_leadership_lost, checkpoint, timeout_s, expiry_s, history=kept)
+        grace_s = None
+        if overdue_grace is not None:
+            grace_s = to_seconds(overdue_grace, field="overdue_grace", job=name, allow_zero=True)
+        return cls(
+            enabled,
+            on_leadership_lost,
+            checkpoint,
+            timeout_s,
+            expiry_s,
+            history=kept,
+            on_overdue=on_overdue,
+            overdue_grace_s=grace_s,
+        )
 
     def misfiring(
         self, name: str, misfire_grace: Duration | None, misfire: MisfirePolicy

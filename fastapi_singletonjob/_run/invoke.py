@@ -1,7 +1,8 @@
 """Calling a job's function for one run: on the event loop or in a worker thread, with its
 parameters resolved, under its timeout and its ``on_leadership_lost`` policy; what came of it.
 ``_run/runner.py`` decides whether a run starts and records how it ended; this warns of runs that
-take most of their period or of the lock expiry."""
+take most of their period or of the lock expiry, and names the run that held the event loop
+(``_run/holds.py``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .._job.context import JobContext
 from .._job.spec import JobSpec
 from .._outcomes import Outcome
 from .._schedule import Policy
+from .holds import TimedSteps, held_during
 
 __all__ = ["Invoker", "NotStarted", "summary"]
 
@@ -126,23 +128,44 @@ class Invoker:
                 else "the job runs less often than `every` suggests; shorten the run"
             )
             logger.warning(
-                "job %r: a run took %.3fs, %d%% of its period every=%gs: %s",
+                "job %r: a run took %.3fs, %d%% of its period every=%gs: %s%s",
                 self.spec.name,
                 duration_s,
                 round(100 * duration_s / period_s),
                 period_s,
                 fix,
+                self._held_by_another(duration_s),
             )
         if duration_s >= 0.8 * lock_expiry_s and "expiry" not in self._warned:
             self._warned += ("expiry",)
             logger.warning(
                 "job %r: a run took %.3fs, close to or past lock_expiry=%gs; if renewals fail "
                 "during such a run, another node may start the job before it ends: raise "
-                "lock_expiry, or use on_leadership_lost='cancel' and the fencing token",
+                "lock_expiry, or use on_leadership_lost='cancel' and the fencing token%s",
                 self.spec.name,
                 duration_s,
                 lock_expiry_s,
+                self._held_by_another(duration_s),
             )
+
+    def _held_by_another(self, duration_s: float) -> str:
+        """What a slow-run warning adds when another job's run held the event loop meanwhile
+        (it, not this job, may be what was slow), else nothing."""
+        hold = held_during(duration_s, besides=self.spec.name)
+        if hold is None:
+            return ""
+        return (
+            f" (but job {hold.job!r} run #{hold.run} held the event loop for "
+            f"{hold.held_s:.3f}s meanwhile: that run, not this job, may be what was slow)"
+        )
+
+    def _held(self) -> bool:
+        """A step of this job's code held the event loop: whether it was named before (the
+        WARNING comes once per job, later ones at DEBUG)."""
+        if "hold" in self._warned:
+            return True
+        self._warned += ("hold",)
+        return False
 
     def _log_stop(self, ctx: JobContext, cause: Outcome) -> None:
         if cause is Outcome.TIMEOUT:
@@ -177,7 +200,7 @@ class Invoker:
             raise NotStarted
         try:
             if self._is_async:
-                await self.spec.func(**kwargs)
+                await TimedSteps(self.spec.func(**kwargs), ctx.job, ctx.iteration, self._held)
             else:
                 await call_in_thread(
                     self._executor,
@@ -188,6 +211,7 @@ class Invoker:
                         ctx.job,
                         ctx.iteration,
                     ),
+                    clock=self._clock,
                 )
         except (SystemExit, KeyboardInterrupt) as exc:
             # Let through, these would stop the event loop and so the whole service:

@@ -22,7 +22,7 @@ import copy
 import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -72,6 +72,7 @@ class JobRunner:
         "_invoker",
         "_iteration",
         "_leadership",
+        "_let_go_timer",
         "_on_end",
         "_rng",
         "_task_name",
@@ -127,6 +128,9 @@ class JobRunner:
         self._failing: tuple[int, float] | None = None
         """(term, since): the runs of that term could not start since that monotonic time,
         as the store's claims or checkpoint calls failed or timed out; None once one did."""
+        self._let_go_timer: asyncio.Task[None] | None = None
+        """Lets the job go when its store calls have failed for a lock expiry, whether or not
+        a run comes then to notice (``_let_go_in_time``)."""
 
     @property
     def current(self) -> asyncio.Task[None] | None:
@@ -136,6 +140,8 @@ class JobRunner:
     def close(self) -> None:
         """Shutdown: no run starts any more (the runs in flight go on)."""
         self._closed = True
+        if self._let_go_timer is not None:
+            self._let_go_timer.cancel()
 
     def forget_checkpoint(self) -> None:
         """An operator reset the checkpoint: the next run reads it from the store."""
@@ -345,8 +351,17 @@ class JobRunner:
         failing = self._failing
         if failing is None or failing[0] != token:
             return await call
+        left_s = failing[1] + self.lease.ttl_s - self.clock.monotonic()
+        if left_s <= 0:
+            # Not sent at all: a claim made now would hold an instant that this node, about
+            # to let the job go, never runs, and that its successor is then refused.
+            if isinstance(call, Coroutine):
+                call.close()
+            raise ConnectionError(
+                f"the job's store calls have failed for a lock expiry ({self.lease.ttl_s:g}s)"
+            )
         try:
-            return await within(call, failing[1] + self.lease.ttl_s - self.clock.monotonic())
+            return await within(call, left_s)
         except TimeoutError:
             raise ConnectionError(
                 f"not answered within a lock expiry ({self.lease.ttl_s:g}s) of the job's "
@@ -360,10 +375,31 @@ class JobRunner:
         if self._failing is None or self._failing[0] != token:
             self._failing = (token, sent_at)
         if self.clock.monotonic() - self._failing[1] < self.lease.ttl_s:
+            timer = self._let_go_timer
+            if not self._closed and (timer is None or timer.done()):
+                self._let_go_timer = asyncio.create_task(
+                    self._let_go_in_time(token, cause),
+                    name=f"singletonjob let-go {self.spec.name!r}",
+                )
             return False
         if self.lease.let_go is None:
             self._leadership.let_go(self.spec.name, cause)
         return True
+
+    async def _let_go_in_time(self, token: int, cause: str) -> None:
+        """Let the job go a lock expiry after its store calls of term ``token`` began to
+        fail, unless a run started meanwhile: the next run would notice too, but a job whose
+        instants lie a period apart would then hold on for up to a period more, running
+        nothing."""
+        while not self._closed:
+            failing = self._failing
+            if failing is None or failing[0] != token or not self.is_leader_of(token):
+                return
+            left_s = failing[1] + self.lease.ttl_s - self.clock.monotonic()
+            if left_s <= 0:
+                self._store_failed(token, failing[1], cause)
+                return
+            await self.clock.sleep(left_s)
 
     def _store_answered(self) -> None:
         """A run started: the store does this job's calls again."""

@@ -32,6 +32,7 @@ from .._lock_value import (
     parse_lock_value,
     shown_lock_value,
 )
+from .._overdue import Anchor
 from .membership import MemberRecord, Membership
 
 __all__ = [
@@ -45,6 +46,9 @@ __all__ = [
     "DEFAULT_CONTROL_TIMEOUT_S",
     "ClusterData",
     "JobData",
+    "OverdueCheck",
+    "OverdueReply",
+    "OverdueState",
     "Store",
     "ReleaseListener",
     "parse_notice",
@@ -169,6 +173,8 @@ class JobData:
     last_us: int | None
     """The latest instant a leader claimed, µs since the epoch."""
     checkpoint: Checkpoint | None
+    overdue_since: datetime | None = None
+    """Since when the job is overdue (its open spell, ``_overdue``), None when it is not."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,43 @@ class ClusterData:
     """Live nodes' records, each with when it expires."""
     controls: dict[str, str]
     jobs: dict[str, JobData] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OverdueCheck:
+    """One job of an overdue check (``Store.check_overdue``): the anchor the caller judged it
+    by (``Anchor.text``, "" before its first check) and when it is overdue by that anchor, on
+    the store's clock (None: not watched here, or never overdue)."""
+
+    job: str
+    anchor: str
+    deadline: datetime | None
+    can_tell: bool = False
+    """The caller has an ``on_overdue`` for the job: it may take the telling of a spell."""
+
+
+@dataclass(frozen=True, slots=True)
+class OverdueState:
+    """One job as an overdue check found it."""
+
+    anchor: Anchor
+    paused: bool
+    spell: tuple[datetime, bool, str] | None
+    """The job's open spell: since when, whether a node took its telling, and its anchor's
+    text (``_overdue.parse_spell``)."""
+    opened: bool
+    """This call opened the spell (its caller counts it)."""
+    tell: bool = False
+    """This call took the telling of the spell: its caller is the one node to call
+    ``on_overdue``."""
+
+
+@dataclass(frozen=True, slots=True)
+class OverdueReply:
+    """An overdue check's answer: the store's clock, and each job's state, in order."""
+
+    now: datetime
+    jobs: list[OverdueState]
 
 
 class Store(Protocol):
@@ -260,6 +303,21 @@ class Store(Protocol):
         clock at the writes and each run's ``iteration`` after its write (None: its term is
         over, nothing written). ``ConnectionError`` past ``timeout_s``: then whether the
         writes happened is unknown."""
+        ...
+
+    async def check_overdue(
+        self,
+        checks: Sequence[OverdueCheck],
+        *,
+        retention_s: float,
+        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ) -> OverdueReply:
+        """The overdue check of ``checks``, in one call (``_store.redis.scripts.OVERDUE``):
+        each job's anchor, whether it is paused and its spell; a spell ends (is deleted) when
+        the job is paused or its anchor changed, and opens when the job is not paused, has
+        none, its anchor is still the check's and the store's clock has passed the check's
+        deadline; an open spell lives ``retention_s``. The telling of a spell goes to the
+        first check that ``can_tell`` it, once."""
         ...
 
     async def read_history(

@@ -43,6 +43,11 @@ key                                            type    content
                                                        ``RECORD_RUN`` (fenced, trimmed to the
                                                        job's ``history``), TTL the checkpoint
                                                        retention from the last entry
+``singletonjob:{<project>}:<job>:overdue``     string  the job's open overdue spell (``_overdue``):
+                                                       ``<since µs>:<anchor>``, the anchor being
+                                                       the stored values it was judged from; set
+                                                       and deleted only by ``OVERDUE``, TTL the
+                                                       checkpoint retention
 ``singletonjob:{<project>}:released``          pubsub  a node publishes here when it releases locks
                                                        (the count), and an operator's call when it
                                                        changes a control (``control``): both wake
@@ -100,11 +105,12 @@ __all__ = [
 
 PREFIX = "singletonjob"
 
-JobKey = Literal["lock", "fence", "last", "checkpoint", "history"]
+JobKey = Literal["lock", "fence", "last", "checkpoint", "history", "overdue"]
 """The keys of one job (``<job>:<kind>`` in the table): ``lock`` its lease, present while some
 node leads it; ``fence`` the last fencing token granted; ``last`` the latest instant a leader
 claimed (started); ``checkpoint`` its checkpoint record (a hash; see ``_checkpoint``);
-``history`` its last occurrences (a list; see ``_history``)."""
+``history`` its last occurrences (a list; see ``_history``); ``overdue`` its open overdue
+spell (see ``_overdue``)."""
 
 ProjectKey = Literal["nodes", "nodes:expiry", "nodes:placement", "controls"]
 """The keys the jobs of one project share: ``nodes`` the hash of the live nodes' membership

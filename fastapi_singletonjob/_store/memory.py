@@ -31,6 +31,7 @@ from .._clock import Clock
 from .._history import Occurrence, history_entry, parse_entries
 from .._lock_value import is_lock_value, lock_value, parse_lock_value
 from .._outcomes import Outcome
+from .._overdue import Anchor, parse_anchor, parse_spell, spell_value
 from . import keys as _keys
 from .base import (
     DEFAULT_CLAIM_TIMEOUT_S,
@@ -42,6 +43,9 @@ from .base import (
     JobData,
     LeaseReply,
     LeaseRequest,
+    OverdueCheck,
+    OverdueReply,
+    OverdueState,
     ReleaseListener,
 )
 from .membership import MemberRecord, Membership
@@ -75,6 +79,8 @@ class _MemoryData:
     """Per project and owner id: when it joined (ms) and its jobs digest (placement)."""
     epochs: dict[str, int] = field(default_factory=dict)
     """Per project: the placement epoch, raised at each join and leave."""
+    spells: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Per job key: its open overdue spell (``<since µs>:<anchor>``) and its expiry."""
 
 
 class _Registry:
@@ -348,6 +354,7 @@ class MemoryLeaseStore:
                 ttl_s=lock[1] - mono if lock is not None and live else None,
                 last_us=claimed[0] if claimed else None,
                 checkpoint=checked(name, fields if fields and expiry > mono else None),
+                overdue_since=None if (spell := self._spell(name)) is None else spell[0],
             )
         return ClusterData(now=now, members=members, controls=controls, jobs=data)
 
@@ -406,6 +413,68 @@ class MemoryLeaseStore:
             entries = [entry, *entries][: run.history]
             self._data.histories[key] = (entries, self._clock.monotonic() + int(retention) / 1000)
         return iteration
+
+    async def check_overdue(
+        self,
+        checks: Sequence[OverdueCheck],
+        *,
+        retention_s: float,
+        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ) -> OverdueReply:
+        """See ``Store.check_overdue``: as ``OVERDUE`` does it."""
+        await asyncio.sleep(0)
+        mono, now = self._clock.monotonic(), self._clock.now()
+        return OverdueReply(now, [self._check_overdue(c, mono, now, retention_s) for c in checks])
+
+    def _check_overdue(
+        self, check: OverdueCheck, mono: float, now: datetime, retention_s: float
+    ) -> OverdueState:
+        key = self._key(check.job)
+        anchor = self._anchor(check.job)
+        paused = self._key(_keys.control_field("paused", check.job)) in self._data.controls
+        stored = self._data.spells.get(key)
+        spell = None if stored is None or stored[1] <= mono else parse_spell(stored[0])
+        if spell is not None and (paused or spell[2] != anchor.text):
+            spell = None
+        if spell is None:
+            self._data.spells.pop(key, None)
+        opened = tell = False
+        if spell is not None and stored is not None and not spell[1] and check.can_tell:
+            tell = True
+            self._data.spells[key] = (spell_value(spell[0], True, anchor), stored[1])
+        elif (
+            spell is None
+            and not paused
+            and check.deadline is not None
+            and check.anchor == anchor.text
+            and now >= check.deadline
+        ):
+            opened, tell = True, check.can_tell
+            expiry = mono + int(retention_ms(retention_s)) / 1000
+            self._data.spells[key] = (spell_value(check.deadline, tell, anchor), expiry)
+        current = self._data.spells.get(key)
+        return OverdueState(
+            anchor, paused, parse_spell(current[0]) if current else None, opened, tell
+        )
+
+    def _anchor(self, job: str) -> Anchor:
+        """``job``'s anchor, as ``OVERDUE`` builds it from the stored values."""
+        record = self._record(job) or {}
+        claimed = self._data.claimed.get(self._key(job))
+        parts = [
+            record.get("last_scheduled_us", ""),
+            record.get("last_completed_us", ""),
+            "" if claimed is None else str(claimed[0]),
+        ]
+        return parse_anchor(",".join(part if part.isdigit() else "" for part in parts))
+
+    def _spell(self, job: str) -> tuple[datetime, bool, str] | None:
+        """``job``'s open spell, if its anchor is still the job's (as the cluster read has it)."""
+        stored = self._data.spells.get(self._key(job))
+        if stored is None or stored[1] <= self._clock.monotonic():
+            return None
+        spell = parse_spell(stored[0])
+        return spell if spell is not None and spell[2] == self._anchor(job).text else None
 
     async def read_history(
         self, job: str, *, limit: int, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S

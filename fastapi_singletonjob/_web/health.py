@@ -8,6 +8,7 @@ The policy is pure: it reads the snapshot and the settings. The one thing a prob
 from __future__ import annotations
 
 from .._engine.snapshot import EngineSnapshot, EngineState
+from .._timing import refused_backoff_s
 from .models import Health
 from .source import StatusSource
 
@@ -50,6 +51,8 @@ def _not_serving(snap: EngineSnapshot) -> str | None:
 
 def _store_trouble(snap: EngineSnapshot, expiry_s: float) -> str | None:
     store = snap.store
+    if store.refused is not None:
+        return f"Redis refuses this node, no retry mends it: {store.refused}"
     if store.last_success_s_ago is None:
         return f"the lease store has not answered yet ({store.last_error or 'connecting'})"
     if store.last_success_s_ago > expiry_s:
@@ -81,10 +84,11 @@ def _dead(source: StatusSource) -> str | None:
         return f"the background task {name!r} failed: {snap.failed_tasks[name]}"
     settings = source.settings
     # The longest a healthy loop can take between rounds is one call (bounded by the longest
-    # lease) and one full backoff; twice that leaves room.
-    wedged_after_s = 2 * (
-        max(snap.longest_lease_s, settings.lock_expiry_s) + settings.max_backoff_s
-    )
+    # lease) and one full backoff (longer while Redis refuses the node); twice that leaves room.
+    backoff_s = settings.max_backoff_s
+    if snap.store.refused is not None:
+        backoff_s = refused_backoff_s(backoff_s)
+    wedged_after_s = 2 * (max(snap.longest_lease_s, settings.lock_expiry_s) + backoff_s)
     if snap.last_round_s_ago > wedged_after_s:
         return f"the election loop has not completed a round for {snap.last_round_s_ago:.1f}s"
     specs = source.jobs

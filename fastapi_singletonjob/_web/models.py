@@ -152,6 +152,12 @@ class JobStatus(BaseModel):
         "not start for a lock expiry: claims or checkpoint calls to Redis failing or timing "
         "out), until it leads the job again; null otherwise.",
     )
+    overdue_since: datetime | None = Field(
+        default=None,
+        description="Since when the job is overdue (no run started within its period plus a "
+        "grace), as stored in Redis: the same on every replica that watches it, as of its "
+        "last check (every lock expiry); null when it is not, or this node does not watch it.",
+    )
     checkpoint: CheckpointStatus | None = Field(
         None,
         description="The checkpoint as stored in Redis, the same from every replica; null "
@@ -169,6 +175,12 @@ class StoreStatus(BaseModel):
     round_trip_ms: float | None
     consecutive_failures: int
     error: str | None
+    refused: str | None = Field(
+        default=None,
+        description="While Redis refuses this node (a password missing or wrong, a database "
+        "index out of range, an ACL permission missing): what it refused and the fix. No "
+        "retry mends it; the node retries slowly until it is fixed.",
+    )
 
 
 class NodeStatus(BaseModel):
@@ -261,6 +273,11 @@ class ClusterJob(BaseModel):
     )
     last_instant: datetime | None = Field(
         None, description="The latest cron/custom instant a leader claimed (started)."
+    )
+    overdue_since: datetime | None = Field(
+        default=None,
+        description="Since when the job is overdue (its open spell as stored: no run started "
+        "within its period plus a grace); null when it is not.",
     )
     checkpoint: CheckpointStatus | None = Field(
         None, description="The stored checkpoint (jobs with checkpoint=True)."

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -51,8 +52,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # -- this node ------------------------------------------------------------------------------
 
 
-def node_status(source: StatusSource, only: str | None = None) -> NodeStatus:
-    """A snapshot of this node; with ``only``, of that job alone."""
+def node_status(
+    source: StatusSource, only: str | None = None, kept: Mapping[str, JobStats] | None = None
+) -> NodeStatus:
+    """A snapshot of this node; with ``only``, of that job alone. ``kept``: each job's
+    counters and last run as a stopped node left them, shown while it is not started."""
     snap = source.snapshot()
     names = [only] if only is not None else list(source.jobs)
     return NodeStatus(
@@ -61,7 +65,7 @@ def node_status(source: StatusSource, only: str | None = None) -> NodeStatus:
         started=snap is not None,
         state=snap.state.value if snap is not None else "stopped",
         store=_store_status(source, snap),
-        jobs=[_job_status(source, name, snap) for name in names],
+        jobs=[_job_status(source, name, snap, kept) for name in names],
     )
 
 
@@ -116,13 +120,24 @@ def _store_status(source: StatusSource, snap: EngineSnapshot | None) -> StoreSta
         round_trip_ms=None if store.round_trip_s is None else round(store.round_trip_s * 1e3, 3),
         consecutive_failures=store.failures,
         error=store.last_error,
+        refused=store.refused,
     )
 
 
-def _job_status(source: StatusSource, name: str, snap: EngineSnapshot | None) -> JobStatus:
+def _job_status(
+    source: StatusSource,
+    name: str,
+    snap: EngineSnapshot | None,
+    kept: Mapping[str, JobStats] | None = None,
+) -> JobStatus:
     spec = source.jobs[name]
     job = snap.jobs.get(name) if snap is not None else None
-    stats = job.stats if job is not None else JobStats()
+    if job is not None:
+        stats = job.stats
+    elif snap is None and kept is not None and name in kept:
+        stats = dataclasses.replace(kept[name], running_since=None, next_run=None)
+    else:
+        stats = JobStats()
     last = stats.last_run
     return JobStatus(
         name=name,
@@ -148,6 +163,7 @@ def _job_status(source: StatusSource, name: str, snap: EngineSnapshot | None) ->
         unrecorded_runs=stats.unrecorded,
         error=None if job is None or job.error is None else repr(job.error),
         let_go=job.let_go if job else None,
+        overdue_since=None if snap is None or (job and job.paused) else snap.overdue.get(name),
         checkpoint=None,
     )
 
@@ -230,5 +246,7 @@ def _cluster_job(data: ClusterData, job: JobData) -> ClusterJob:
         paused_at=_keys.parse_paused(job.name, paused),
         pending=pending,
         last_instant=None if job.last_us is None else _EPOCH + timedelta(microseconds=job.last_us),
+        # A paused job is never overdue: its spell is over, even before a check deletes it.
+        overdue_since=None if paused is not None else job.overdue_since,
         checkpoint=None if job.checkpoint is None else CheckpointStatus.of(job.checkpoint),
     )

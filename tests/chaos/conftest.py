@@ -1,7 +1,7 @@
 """Fixtures of the chaos suite: a :class:`Cluster` per test and the session's measurements.
 
 The ``redis_server`` (witness), ``fresh_redis`` (faulted store) and ``unique_project`` fixtures
-come from ``tests/conftest.py``. Set ``SINGLETONJOB_CHAOS_REPORT=path.json`` to keep every
+come from ``tests/conftest.py``. Set ``SJTEST_CHAOS_REPORT=path.json`` to keep every
 measured number of the run (the terminal summary prints them too).
 """
 
@@ -17,7 +17,7 @@ from servers import RedisServer, RedisServerFactory
 
 from .harness import HTTP_TIMEOUT_S, Cluster, Results
 
-REPORT_ENV = "SINGLETONJOB_CHAOS_REPORT"
+REPORT_ENV = "SJTEST_CHAOS_REPORT"
 
 RESULTS = Results()
 

@@ -7,7 +7,7 @@ when the test ends. The faulted redis-server comes from the ``fresh_redis`` fixt
 witness is the session's shared server, which no test faults.
 
 Settings scale the library's defaults down (heartbeat 0.1 s, lock expiry 0.5 s) so that each
-row takes seconds; ``SINGLETONJOB_CHAOS_FULL=1`` runs every row, with repetitions.
+row takes seconds; ``SJTEST_CHAOS_FULL=1`` runs every row, with repetitions.
 """
 
 from __future__ import annotations
@@ -56,11 +56,11 @@ __all__ = [
     "reps",
 ]
 
-FULL_ENV = "SINGLETONJOB_CHAOS_FULL"
+FULL_ENV = "SJTEST_CHAOS_FULL"
 FULL = os.environ.get(FULL_ENV, "") not in ("", "0")
 """Run the whole matrix with repetitions (else: each fault once, the CI subset)."""
 
-FAKETIME_ENV = "SINGLETONJOB_TEST_LIBFAKETIME"
+FAKETIME_ENV = "SJTEST_LIBFAKETIME"
 _FAKETIME_PATHS = (
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
     "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",

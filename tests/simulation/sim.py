@@ -28,7 +28,11 @@ true times. ``run_scenario`` plays it and returns the violations of the invarian
   the resume: ``WATCH_STEP_S`` while a run of the job is in flight, else a heartbeat;
 - (e) ``loop_died``: the election loop, its helpers and the timer of a live node never die,
   no job's schedule fails, and no task ends with an exception nobody retrieved;
-- (f) ``stale_start``: a job's code starts only while the node's lease of it is valid.
+- (f) ``stale_start``: a job's code starts only while the node's lease of it is valid;
+- (g) ``liveness``: while a node is healthy (alive, its calls answered, its loop and clock
+  sound), every job runs: a due instant starts within a lock expiry plus two heartbeats (or
+  the job's period, if longer), through gray faults too (a flow that goes silent, claims that
+  never return while the election is answered). See ``Simulation.check_liveness``.
 
 Everything that touches the library's internals lives in the imports and the adapter section
 below, so that a refactoring of them needs changes in one place; the store's side is the
@@ -69,6 +73,7 @@ from fastapi_singletonjob._history import Occurrence
 from fastapi_singletonjob._job.context import JobContext
 from fastapi_singletonjob._job.spec import JobSpec
 from fastapi_singletonjob._lock_value import is_lock_value
+from fastapi_singletonjob._overdue import Anchor
 from fastapi_singletonjob._schedule import Cron, FixedRate, Interval, Schedule
 from fastapi_singletonjob._store.base import (
     DEFAULT_CLAIM_TIMEOUT_S,
@@ -78,6 +83,9 @@ from fastapi_singletonjob._store.base import (
     ClusterData,
     LeaseReply,
     LeaseRequest,
+    OverdueCheck,
+    OverdueReply,
+    OverdueState,
     ReleaseListener,
 )
 from fastapi_singletonjob._store.membership import Membership
@@ -118,6 +126,10 @@ FaultKind = Literal[
     # value: seconds the server is down (calls fail, subscriptions drop)
     "foreign",  # another program writes flag ("", "garbage", "huge") with TTL value s
     "delete",  # an operator's DEL of job's lock
+    "silent",  # value: seconds the node's flow to the store is silent: requests and replies
+    # vanish, no error (a NAT or load balancer dropping the flow)
+    "claims_down",  # value: seconds the server answers the node's election but not its
+    # claims (a claim call never returns: a stuck connection of the claims' pool)
     "wall_step",  # value: seconds added to the node's wall clock
     "pause",  # value: seconds the node's event loop is blocked
     "suspend",  # value: seconds the machine sleeps (monotonic jumps, timers late)
@@ -125,6 +137,7 @@ FaultKind = Literal[
     "crash",  # the process dies: no release
     "start",  # a stopped or crashed node starts again (a new instance)
 ]
+_LINK_FAULTS = frozenset({"slow_reply", "lost_reply", "lost_request", "silent", "claims_down"})
 LEADER = -1
 """``Fault.node``: the node leading the first job when the fault comes (else node 0)."""
 LOST_REQUEST = -1.0
@@ -163,7 +176,7 @@ class Fault:
     def ends_at(self) -> float:
         """When the fault is over: a block or the server's downtime ended, a foreign value
         expired (a store's restart or an operator's DEL, at once)."""
-        lasting = self.kind in ("pause", "suspend", "foreign", "restart")
+        lasting = self.kind in ("pause", "suspend", "foreign", "restart", "silent", "claims_down")
         return self.at_s + (max(self.value, 0.0) if lasting else 0.0)
 
 
@@ -173,11 +186,13 @@ class Scenario:
     jobs: tuple[JobConfig, ...]
     faults: tuple[Fault, ...]
     seed: int = 0
+    placement: Literal["first", "spread"] = "first"
+    """How the nodes place the jobs (the known schedules were found with "first")."""
 
     def describe(self) -> str:
         """The schedule, one line per fault, for failure messages."""
         lines = [
-            f"seed={self.seed}",
+            f"seed={self.seed}, placement={self.placement}",
             *(
                 f"node n{i}: wall {n.wall_offset_s * 1000:+.1f} ms, rate {n.rate_error:+.1e}"
                 for i, n in enumerate(self.nodes)
@@ -456,6 +471,12 @@ class Server:
         (Locks of several jobs acquired at once have the same value.)"""
         self._subscribers: dict[int, tuple[ReleaseListener, asyncio.Future[None]]] = {}
         self._next_subscriber = 0
+        self.members: dict[str, tuple[str, float]] = {}
+        """Per owner: its membership record (JSON) and its expiry (true time)."""
+        self.joined: dict[str, tuple[int, str]] = {}
+        """Per owner: the placement entry (joined at, server ms; its jobs' digest)."""
+        self.epoch = 0
+        """Bumped whenever the placement entries change."""
 
     @property
     def down(self) -> bool:
@@ -476,11 +497,14 @@ class Server:
     def _pttl(self, key: str) -> int:
         return max(0, math.floor((self.locks[key][1] - self.clock.monotonic()) * 1000))
 
-    def elect(self, owner: str, jobs: Sequence[tuple[str, int, str]]) -> list[tuple[int, str, int]]:
-        """``ELECT``: per ``(job, ttl ms, held value or "")``, ``(status, value, ttl ms)``."""
+    def elect(
+        self, owner: str, jobs: Sequence[tuple[str, int, str, bool]]
+    ) -> list[tuple[int, str, int]]:
+        """``ELECT``: per ``(job, ttl ms, held value or "", take)``, ``(status, value, ttl
+        ms)``: a free lock is taken only if asked to (``take``), else ``(0, "", -1)``."""
         out: list[tuple[int, str, int]] = []
         now_us: int | None = None
-        for job, ttl_ms, held in jobs:
+        for job, ttl_ms, held, take in jobs:
             value = self._get(job)
             if value is not None:
                 if held != "" and value == held:
@@ -488,6 +512,9 @@ class Server:
                     out.append((1, value, ttl_ms))
                 else:
                     out.append((0, value, self._pttl(job)))
+                continue
+            if not take:
+                out.append((0, "", -1))
                 continue
             if now_us is None:
                 now_us = self.clock.now_us()
@@ -499,6 +526,40 @@ class Server:
             self.granted_at.setdefault((job, token), self.clock.monotonic())
             out.append((1, value, ttl_ms))
         return out
+
+    def keep_member(
+        self, owner: str, record: tuple[bool, str, str, int]
+    ) -> tuple[int, str, list[str]]:
+        """The membership part of ``ELECT`` (as ``_store.memory`` keeps it): expire the
+        records past their time, write or refresh ``owner``'s (``record``: whether it carries
+        a payload, its JSON, its jobs' digest, its TTL in ms), and answer the server's time
+        (ms), the placement epoch and the placement entries (owner, ``"<at>|<digest>"``)."""
+        payload, text, digest, ttl_ms = record
+        now = self.clock.monotonic()
+        now_ms = self.clock.now_us() // 1000
+        for other, (_, expiry) in list(self.members.items()):
+            if expiry <= now:
+                del self.members[other]
+                self.joined.pop(other, None)
+                self.epoch += 1
+        if payload or owner not in self.members:
+            self.members[owner] = (text, now + ttl_ms / 1000)
+            if owner in self.joined and self.joined[owner][1] != digest:
+                self.joined[owner] = (self.joined[owner][0], digest)
+                self.epoch += 1
+        else:
+            self.members[owner] = (self.members[owner][0], now + ttl_ms / 1000)
+        if owner not in self.joined:
+            self.joined[owner] = (now_ms, digest)
+            self.epoch += 1
+        flat = [item for other, (at, d) in self.joined.items() for item in (other, f"{at}|{d}")]
+        return now_ms, str(self.epoch), flat
+
+    def leave(self, owner: str) -> None:
+        """A graceful stop deletes the node's membership record."""
+        self.members.pop(owner, None)
+        if self.joined.pop(owner, None) is not None:
+            self.epoch += 1
 
     def release(self, max_ahead_us: int, jobs: Sequence[tuple[str, str, str]]) -> int:
         """``RELEASE``: per ``(job, value, last instant µs or "")``; publishes the jobs
@@ -661,12 +722,26 @@ class NodeStore:
                 r.job,
                 max(1, round(r.ttl_s * 1000)),
                 r.held if r.held is not None and is_lock_value(r.held) else "",
+                r.take,
             )
             for r in requests
         ]
-        raw = await self._link.call(lambda: self._server.elect(node_id, wire))
+        member = self.membership
+        record = None
+        if member is not None and not member.left:  # as sent: the record of this call
+            record = (bool(member.payload()), member.record.to_json(), member.digest, member.ttl_ms)
+
+        def call() -> tuple[list[tuple[int, str, int]], tuple[int, str, list[str]] | None]:
+            placed = None if record is None else self._server.keep_member(node_id, record)
+            return self._server.elect(node_id, wire), placed
+
+        raw, placed = await self._link.call(call)
+        if member is not None and placed is not None:
+            member.confirmed(True)
+            now_ms, epoch, flat = placed
+            member.placed(now_ms, epoch, flat if epoch != member.epoch else [])
         return [
-            LeaseReply(r.job, status == 1, value, None if ttl_ms < 0 else ttl_ms / 1000)
+            LeaseReply(r.job, status == 1, value or None, None if ttl_ms < 0 else ttl_ms / 1000)
             for r, (status, value, ttl_ms) in zip(requests, raw, strict=True)
         ]
 
@@ -691,9 +766,13 @@ class NodeStore:
     ) -> ClaimResult:
         if not is_lock_value(value):
             return ClaimResult.NOT_HOLDER
-        reply = await self._link.call(
-            lambda: self._server.claim(job, value, instant_us, max_ahead_us)
+        call = self._link.call(
+            lambda: self._server.claim(job, value, instant_us, max_ahead_us), claim=True
         )
+        try:  # the Redis store's deadline (``_store.redis.claims``)
+            reply = await asyncio.wait_for(call, timeout_s)
+        except TimeoutError:
+            raise ConnectionError(f"the claim of {job!r} was not answered in time") from None
         return ClaimResult(reply)
 
     async def listen_releases(
@@ -718,6 +797,12 @@ class NodeStore:
     async def read_checkpoint(self, *args: object, **kwargs: object) -> Checkpoint | None:
         raise AssertionError("the simulated jobs keep no checkpoint")
 
+    async def check_overdue(self, checks: Sequence[OverdueCheck], **kwargs: object) -> OverdueReply:
+        # No job is ever overdue here: the simulation keeps no checkpoint, claims or spells.
+        await asyncio.sleep(0)
+        states = [OverdueState(Anchor(), False, None, False) for _ in checks]
+        return OverdueReply(datetime(2000, 1, 1, tzinfo=UTC), states)
+
     async def read_history(self, *args: object, **kwargs: object) -> list[Occurrence]:
         raise AssertionError("the simulated jobs keep no checkpoint, and so no history")
 
@@ -729,15 +814,21 @@ class NodeStore:
     async def reset_checkpoint(self, *args: object, **kwargs: object) -> bool:
         raise AssertionError("the simulated jobs keep no checkpoint")
 
-    # Nor does the simulated server keep a membership record or controls.
+    # The membership, as ELECT keeps it (spread placement reads it); no controls.
 
     membership: Membership | None = None
 
     def announce(self, membership: Membership) -> None:
-        pass
+        self.membership = membership
 
     async def leave(self) -> None:
-        pass
+        member = self.membership
+        if member is None:
+            return
+        member.left = True
+        owner = member.record.owner
+        await self._link.call(lambda: self._server.leave(owner))
+        member.confirmed(False)
 
     async def set_control(self, *args: object, **kwargs: object) -> bool:
         raise AssertionError("the simulation sets no control")
@@ -786,7 +877,7 @@ def build_instance(node: SimNode) -> Instance:
         for name, config in zip(sim.job_names, sim.scenario.jobs, strict=True)
     ]
     engine = Engine(
-        dataclasses.replace(_SETTINGS, node_id=node.name),
+        dataclasses.replace(_SETTINGS, node_id=node.name, placement=sim.scenario.placement),
         specs,
         NodeStore(node.link, sim.server),
         node.clock,
@@ -800,7 +891,8 @@ def build_instance(node: SimNode) -> Instance:
 async def start_instance(instance: Instance) -> None:
     engine = instance.engine
     await engine.start()
-    instance.tasks = [t for t in (engine.election_task, engine.timer_task) if t is not None]
+    tasks = (engine.election_task, engine.timer_task, engine.watch_task)
+    instance.tasks = [t for t in tasks if t is not None]
 
 
 HELPERS = ("release listener", "deadline watchdog")
@@ -916,25 +1008,32 @@ class Link:
     def __init__(self, node: SimNode) -> None:
         self._node = node
 
-    async def call(self, call: Callable[[], T]) -> T:
+    async def call(self, call: Callable[[], T], *, claim: bool = False) -> T:
         """Send ``call`` to the server and wait for its reply. A request sent is run even if
-        the caller gives up meanwhile (its timeout): the server does not know."""
+        the caller gives up meanwhile (its timeout): the server does not know. A silent flow
+        (``claim``: or the claims' flow) loses requests and replies without an error."""
         node = self._node
         await node.clock.gate()  # a blocked node sends nothing
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[T] = loop.create_future()
 
+        def deliver(result: T) -> None:
+            if not node.silent(claim):
+                _resolve(reply, result)
+
         def arrive() -> None:
+            if node.silent(claim):
+                return  # no reply ever, no error: the caller's deadline ends its wait
             if node.sim.server.down:
                 refused = StoreDown("connection refused: the store is restarting")
                 loop.call_later(LATENCY_S, _fail, reply, refused)
                 return
-            fault = node.call_faults.pop(0) if node.call_faults else None
+            fault = node.pop_call_fault()
             if fault == LOST_REQUEST:
                 return  # no reply ever: the caller's timeout ends its wait
             result = call()
             if fault is None or not math.isinf(fault):
-                loop.call_later(LATENCY_S + (fault or 0.0), _resolve, reply, result)
+                loop.call_later(LATENCY_S + (fault or 0.0), deliver, result)
 
         loop.call_later(LATENCY_S, arrive)
         result = await reply
@@ -965,10 +1064,48 @@ class SimNode:
         self.clock = NodeClock(config, index)
         self.rng = random.Random(sim.scenario.seed * 31 + index)
         self.link = Link(self)
-        self.call_faults: list[float] = []
-        """Per coming call: its reply's delay (inf: lost), or ``LOST_REQUEST``."""
+        self.call_faults: list[tuple[float, float]] = []
+        """Per coming call: its reply's delay (inf: lost), or ``LOST_REQUEST``; and when the
+        fault came."""
+        self.silent_until = -math.inf
+        """The node's flow to the store is silent until then (``silent``)."""
+        self.claims_silent_until = -math.inf
+        """The node's claims go unanswered until then (``claims_down``)."""
+        self.sick: list[tuple[float, float]] = []
+        """True-time spans in which this node was not healthy by the liveness invariant: its
+        calls faulted, its loop blocked, its clock stepped (see ``Simulation.check_liveness``)."""
+        self.down: list[tuple[float, float]] = []
+        """True-time spans in which this node was stopped or dead."""
         self.instance: Instance | None = None
         self.stop_task: asyncio.Task[None] | None = None
+
+    def silent(self, claim: bool) -> bool:
+        now = _true_now()
+        return now < self.silent_until or (claim and now < self.claims_silent_until)
+
+    def pop_call_fault(self) -> float | None:
+        """The fault of the call arriving now, if any; the node is sick from when the fault
+        came until the call's timeout has passed."""
+        if not self.call_faults:
+            return None
+        fault, since = self.call_faults.pop(0)
+        self.sick.append((since, _true_now() + call_timeout_s(TTL_S)))
+        return fault
+
+    def link_fault(self, fault: Fault, now: float) -> None:
+        """A fault of the node's flow to the store (``_LINK_FAULTS``)."""
+        if fault.kind == "slow_reply":
+            self.call_faults.append((fault.value * call_timeout_s(TTL_S), now))
+        elif fault.kind == "lost_reply":
+            self.call_faults.append((math.inf, now))
+        elif fault.kind == "lost_request":
+            self.call_faults.append((LOST_REQUEST, now))
+        elif fault.kind == "silent":
+            self.silent_until = max(self.silent_until, now + fault.value)
+            self.sick.append((now, now + fault.value))
+        else:  # claims_down
+            self.claims_silent_until = max(self.claims_silent_until, now + fault.value)
+            self.sick.append((now, now + fault.value))
 
     # lifecycle
 
@@ -979,6 +1116,8 @@ class SimNode:
     def start(self) -> None:
         if self.instance is not None:
             return
+        if self.down and math.isinf(self.down[-1][1]):
+            self.down[-1] = (self.down[-1][0], _true_now())
         instance = build_instance(self)
         self.instance = instance
         instance.starting = asyncio.create_task(self._start(instance), name=f"{self.name} start")
@@ -1003,6 +1142,7 @@ class SimNode:
         if instance is None or instance.stopping:
             return
         instance.stopping = True
+        self.down.append((_true_now(), math.inf))
 
         async def stop() -> None:
             if instance.starting is not None:
@@ -1017,6 +1157,8 @@ class SimNode:
         instance = self.instance
         if instance is None:
             return
+        if not instance.stopping:
+            self.down.append((_true_now(), math.inf))
         instance.stopping = True
         self.instance = None
         if self.stop_task is not None:
@@ -1130,6 +1272,40 @@ KNOWN_BUGS = frozenset({FAST_TICK_TWICE})
 other ones; each has a strict ``xfail`` test that replays it without the excuse."""
 
 
+LIVENESS_LEAD_S = MAX_BACKOFF_S + HEARTBEAT_S
+"""How long a node must have been healthy before invariant (g) counts on it: a node whose
+calls failed may back off for up to ``MAX_BACKOFF_S`` before its next round."""
+PERIOD_S: dict[JobKind, float] = {
+    "fixed_rate": FIXED_RATE_EVERY_S,
+    "interval": INTERVAL_EVERY_S,
+    "cron": 1.0,
+}
+
+
+def liveness_bound_s(kind: JobKind) -> float:
+    """The longest a job may run nowhere while a node is healthy: the promise (a due
+    instant starts within a lock expiry plus two heartbeats, or the period if longer) plus
+    the period to the next instant."""
+    period = PERIOD_S[kind]
+    return max(TTL_S + 2 * HEARTBEAT_S, period) + period
+
+
+def _gaps(
+    spans: Sequence[tuple[float, float]], start: float, end: float
+) -> list[tuple[float, float]]:
+    """The parts of ``[start, end]`` that no span of ``spans`` covers."""
+    out: list[tuple[float, float]] = []
+    at = start
+    for s0, s1 in sorted(spans):
+        if s0 > at:
+            out.append((at, min(s0, end)))
+        at = max(at, s1)
+        if at >= end:
+            return [g for g in out if g[1] > g[0]]
+    out.append((at, end))
+    return [g for g in out if g[1] > g[0]]
+
+
 class Simulation:
     def __init__(self, scenario: Scenario, excuse: frozenset[str] = KNOWN_BUGS) -> None:
         self.scenario = scenario
@@ -1148,6 +1324,9 @@ class Simulation:
         self.violations: list[Violation] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._ticks: dict[tuple[str, datetime], RunEntry] = {}
+        self.excused_idle: dict[str, list[tuple[float, float]]] = {j: [] for j in self.job_names}
+        """Per job: true-time spans in which no node can run it, whatever their health (the
+        store down, a foreign value in its lock, a clock step's effect on its claims)."""
 
     def spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -1237,6 +1416,57 @@ class Simulation:
                 for error in schedule_errors(node.instance):
                     self.violate("loop_died", f"{node.name}: the schedule failed: {error}")
 
+    def check_liveness(self, end: float) -> None:
+        """Invariant (g): while a node is healthy (alive, its calls answered, its event loop
+        and clock sound, for ``LIVENESS_LEAD_S`` and on), every job runs: no stretch of a
+        job's schedule with no run of it started or in flight lasts longer than
+        ``liveness_bound_s`` within such a span (a job busy with a long run counts as run;
+        a "finish" run only until its leadership was lost), plus a lock expiry and a
+        heartbeat per unhealthy leader after the first that the job passed through
+        (``_chain_allowance``)."""
+        for job, kind in zip(self.job_names, (j.kind for j in self.scenario.jobs), strict=True):
+            idle = _gaps(
+                [(r.start, r.counted_until(end)) for r in self.runs if r.job == job], 0.0, end
+            )
+            for node in self.nodes:
+                for h0, h1 in _gaps(node.down + node.sick + self.excused_idle[job], 0.0, end):
+                    healthy_from = h0 + LIVENESS_LEAD_S if h0 > 0 else h0
+                    for i0, i1 in idle:
+                        bound = liveness_bound_s(kind) + self._chain_allowance(job, i0, i1)
+                        start, stop = max(i0, healthy_from), min(i1, h1)
+                        if stop - start > bound + SLACK_S:
+                            self.violations.append(
+                                Violation(
+                                    start + bound,
+                                    "liveness",
+                                    f"{job} ({kind}) ran nowhere from {i0:.4f}s to {i1:.4f}s "
+                                    f"while {node.name} was healthy from {h0:.4f}s to "
+                                    f"{h1:.4f}s: {stop - start:.4f}s, over the bound of "
+                                    f"{bound:.4f}s",
+                                )
+                            )
+                            return
+
+    def _chain_allowance(self, job: str, start: float, end: float) -> float:
+        """What invariant (g) allows beyond its bound for ``[start, end]``: a lock expiry
+        and a heartbeat for each unhealthy node after the first that led ``job`` in it. The
+        promise is per gray leader: each one the job passes to costs up to a lock expiry
+        before it lets go, and a healthy node may lose the race for the job to a gray one."""
+        terms = sorted(self.terms[job], key=lambda term: term[2])
+        holders = {node for _, node, at, _ in terms if start < at < end}
+        before = [node for _, node, at, _ in terms if at <= start]
+        if before:
+            holders.add(before[-1])
+        sick = [
+            name
+            for name in holders
+            if any(
+                s0 < end and s1 > start
+                for s0, s1 in self.node_named[name].sick + self.node_named[name].down
+            )
+        ]
+        return max(0, len(sick) - 1) * (TTL_S + HEARTBEAT_S)
+
     # faults
 
     def target(self, fault: Fault) -> SimNode:
@@ -1249,27 +1479,33 @@ class Simulation:
         node = self.target(fault)
         job = self.job_names[fault.job % len(self.job_names)]
         now = _true_now()
-        if fault.kind == "slow_reply":
-            node.call_faults.append(fault.value * call_timeout_s(TTL_S))
-        elif fault.kind == "lost_reply":
-            node.call_faults.append(math.inf)
-        elif fault.kind == "lost_request":
-            node.call_faults.append(LOST_REQUEST)
+        if fault.kind in _LINK_FAULTS:
+            node.link_fault(fault, now)
         elif fault.kind == "restart":
             self.server.restart(fault.flag, fault.value)
             for name in self.job_names:
                 self.losses[name].append(now)
+                self.excused_idle[name].append((now, now + fault.value))
         elif fault.kind == "foreign":
             value = {"garbage": "garbage value", "huge": "9" * 5000 + "|x"}.get(fault.flag, "")
             self.server.write(job, value, fault.value)
             self.losses[job].append(now)
+            self.excused_idle[job].append((now, now + fault.value))  # nobody can take it
         elif fault.kind == "delete":
             self.server.delete(job)
             self.losses[job].append(now)
         elif fault.kind == "wall_step":
             node.clock.wall_offset_s += fault.value
+            # Instants claimed by a node ahead are refused to the others until their clocks
+            # reach them; a node behind finds its instants claimed: either runs nothing for
+            # the step's length, and a node more than the claims' limit ahead nothing at all.
+            for name in self.job_names:
+                self.excused_idle[name].append((now, now + abs(fault.value) + TTL_S))
+            if node.clock.wall_offset_s > DEFAULT_MAX_AHEAD_US / 1e6 - 2 * LATENCY_S:
+                node.sick.append((now, math.inf))
         elif fault.kind in ("pause", "suspend"):
             node.clock.block(fault.value, suspend=fault.kind == "suspend")
+            node.sick.append((now, now + fault.value))
         elif fault.kind == "stop":
             node.stop()
         elif fault.kind == "crash":
@@ -1299,6 +1535,8 @@ class Simulation:
         for entry in self.runs:
             if entry.end is None:
                 self.check_overlaps(entry)
+        if not self.violations:
+            self.check_liveness(_true_now())
 
     async def shutdown(self) -> None:
         for node in self.nodes:

@@ -123,6 +123,37 @@ KNOWN = {
             r.node == "n0" and r.in_flight_at(0.3) and r.lost_at is not None for r in sim.runs
         ),
     ),
+    # 6. Issue 26, item 1: the leader's claims go unanswered for 8 s (a claim call stuck on a
+    # flow gone silent) while its election is answered: it kept its lease and ran nothing
+    # (a cron job every second ran 0 times in 9 s at 8a9ec66). Now its claims have a
+    # deadline, and a node whose claims fail for a lock expiry lets the job go: n1 runs it
+    # from the instant after next (invariant (g) holds n1 to that).
+    "6-claims-unanswered-while-the-election-is": Known(
+        Scenario(
+            TWO_NODES,
+            (JobConfig("cron", "finish"),),
+            (Fault(1.5, "claims_down", value=8.0),),
+            seed=1,
+        ),
+        lambda sim: (
+            [node for _, node, _, _ in sim.terms["j0"]] == ["n0", "n1"]
+            and 2.5 < sim.terms["j0"][1][2] < 4.0  # n1's term began well before the 8 s ended
+        ),
+    ),
+    # 6b. The same with the leader's whole flow to the store silent (no error, no reply): its
+    # election's calls time out, its lease runs out, n1 takes over.
+    "6b-a-silent-flow-to-the-store": Known(
+        Scenario(
+            TWO_NODES,
+            (JobConfig("cron", "finish"),),
+            (Fault(1.5, "silent", value=8.0),),
+            seed=1,
+        ),
+        lambda sim: (
+            [node for _, node, _, _ in sim.terms["j0"]] == ["n0", "n1"]
+            and sim.terms["j0"][1][2] < 1.5 + 1.0 + 0.3 * 2  # within a lock expiry and two beats
+        ),
+    ),
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Literal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -55,6 +56,9 @@ MAX_NODES = 4 if SIMULATE else 3
 STORE_FAULTS: tuple[FaultKind, ...] = (
     "slow_reply", "lost_reply", "lost_request", "restart", "delete", "foreign"
 )  # fmt: skip
+GRAY_FAULTS: tuple[FaultKind, ...] = ("silent", "claims_down", "lost_reply", "slow_reply")
+"""Faults with no error: a flow gone silent, claims that never return while the election is
+answered, a reply that never comes or comes late."""
 NODE_FAULTS: tuple[FaultKind, ...] = (
     "wall_step", "pause", "suspend", "stop", "crash", "start"
 )  # fmt: skip
@@ -84,6 +88,10 @@ class StaleStartViolation(AssertionError):
     """(f) a job's code started without a valid lease."""
 
 
+class LivenessViolation(AssertionError):
+    """(g) a job ran nowhere for longer than the bound while a node was healthy."""
+
+
 _ERRORS: dict[str, type[AssertionError]] = {
     "overlap": OverlapViolation,
     "token": TokenViolation,
@@ -91,6 +99,7 @@ _ERRORS: dict[str, type[AssertionError]] = {
     "late_lost": LateLostViolation,
     "loop_died": LoopDiedViolation,
     "stale_start": StaleStartViolation,
+    "liveness": LivenessViolation,
 }
 
 
@@ -134,8 +143,11 @@ _RANGES: dict[FaultKind, tuple[float, float]] = {
     "wall_step": (-2.0, 2.0),
     "pause": (0.0, 2.0),
     "suspend": (0.0, 3.0),
+    "silent": (0.0, 3.0),  # how long the flow stays silent
+    "claims_down": (0.0, 3.0),  # how long the claims go unanswered
 }
 """``Fault.value`` of the kinds that have one, from a fraction in [-1, 1]."""
+PLACEMENTS: tuple[Literal["first", "spread"], ...] = ("first", "spread")
 _FLAGS: dict[FaultKind, tuple[str, ...]] = {
     "restart": ("locks", "locks+fences", "all"),
     "foreign": ("", "garbage", "huge"),
@@ -168,7 +180,8 @@ def scenarios(draw: st.DrawFn, kinds: tuple[FaultKind, ...]) -> Scenario:
     nodes = tuple(draw(st.lists(_nodes, min_size=2, max_size=MAX_NODES)))
     jobs = tuple(draw(st.lists(_jobs, min_size=1, max_size=2)))
     faults = tuple(draw(_faults(kinds, len(nodes))))
-    return Scenario(nodes, jobs, faults, seed=draw(st.integers(0, 2**16)))
+    placement = draw(st.sampled_from(PLACEMENTS))
+    return Scenario(nodes, jobs, faults, seed=draw(st.integers(0, 2**16)), placement=placement)
 
 
 @settings(PROFILE)
@@ -187,7 +200,16 @@ def test_node_faults(scenario: Scenario) -> None:
 
 
 @settings(PROFILE)
-@given(scenarios(STORE_FAULTS + NODE_FAULTS))
+@given(scenarios(GRAY_FAULTS))
+def test_gray_faults(scenario: Scenario) -> None:
+    """Gray failures: a node's flow to the store goes silent (no error, no reply), its claims
+    go unanswered while its election is answered, replies lost or late. Invariant (g) holds
+    the others to running every job meanwhile."""
+    check(scenario)
+
+
+@settings(PROFILE)
+@given(scenarios(STORE_FAULTS + GRAY_FAULTS + NODE_FAULTS))
 def test_all_faults(scenario: Scenario) -> None:
     """Every kind of fault, mixed."""
     check(scenario)

@@ -1,8 +1,8 @@
-"""Fixtures of the soak runs: they skip unless ``SINGLETONJOB_SOAK=1`` (``nox -s soak``), and
+"""Fixtures of the soak runs: they skip unless ``SJTEST_SOAK=1`` (``nox -s soak``), and
 the session's measurements print as a distribution in pytest's summary.
 
 The ``redis_server`` and ``unique_project`` fixtures come from ``tests/conftest.py``. Set
-``SINGLETONJOB_SOAK_RUNS=N`` for N runs of each scenario, ``SINGLETONJOB_SOAK_REPORT=path.json``
+``SJTEST_SOAK_RUNS=N`` for N runs of each scenario, ``SJTEST_SOAK_REPORT=path.json``
 to keep every measured run.
 """
 

@@ -12,21 +12,21 @@ from pathlib import Path
 
 __all__ = ["ENABLE_ENV", "REPORT_ENV", "RUNS_ENV", "Measurements", "enabled", "runs"]
 
-ENABLE_ENV = "SINGLETONJOB_SOAK"
+ENABLE_ENV = "SJTEST_SOAK"
 """Set to 1 (``nox -s soak`` does) to run the soak; without it every soak test skips."""
-RUNS_ENV = "SINGLETONJOB_SOAK_RUNS"
+RUNS_ENV = "SJTEST_SOAK_RUNS"
 """How many runs of each scenario, instead of its own number (a quick check: 3)."""
-REPORT_ENV = "SINGLETONJOB_SOAK_REPORT"
+REPORT_ENV = "SJTEST_SOAK_REPORT"
 """A path: every measured run is written there as JSON at the end of the session."""
 
 
 def enabled() -> bool:
-    """Whether the soak runs (``SINGLETONJOB_SOAK=1``)."""
+    """Whether the soak runs (``SJTEST_SOAK=1``)."""
     return os.environ.get(ENABLE_ENV) == "1"
 
 
 def runs(default: int) -> int:
-    """How many runs a scenario makes: ``default``, or ``SINGLETONJOB_SOAK_RUNS``; one (which
+    """How many runs a scenario makes: ``default``, or ``SJTEST_SOAK_RUNS``; one (which
     skips) when the soak is not enabled, so that the default suite lists it once."""
     if not enabled():
         return 1

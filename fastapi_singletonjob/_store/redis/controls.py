@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 
 from ..._checkpoint import checked
 from ..._odd import odd_type, odd_value
+from ..._overdue import parse_spell
 from .. import keys as _keys
 from ..base import DEFAULT_CONTROL_TIMEOUT_S, ClusterData, JobData
 from ..membership import MAX_RECORD_TTL_S, MemberRecord, Membership
@@ -51,6 +52,29 @@ def _answered(reply: Any, key: str, empty: Any) -> Any:
     if isinstance(reply, Exception):
         raise reply
     return empty if reply is None else reply
+
+
+def _overdue_since(
+    spell: str | None, fields: dict[Any, Any] | None, last: str | None
+) -> datetime | None:
+    """Since when an ``overdue`` key's spell says the job is overdue, if its anchor is still
+    the job's (built from the checkpoint's fields and the last claim as ``OVERDUE`` builds
+    it): a spell whose job ran since, not yet deleted by a check, is over."""
+    parsed = parse_spell(spell)
+    if parsed is None:
+        return None
+    fields = {_text(k): _text(v) or "" for k, v in (fields or {}).items()}
+    parts = [fields.get("last_scheduled_us") or "", fields.get("last_completed_us") or ""]
+    anchor = ",".join([*(_digits(p) for p in parts), _digits(last or "")])
+    return parsed[0] if parsed[2] == anchor else None
+
+
+def _digits(text: str) -> str:
+    """The leading digits of ``text``, as the ``OVERDUE`` script reads a stored value."""
+    end = 0
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    return text[:end]
 
 
 class RedisControls:
@@ -150,10 +174,11 @@ class RedisControls:
                 pipe.pttl(lock)
                 pipe.get(_keys.job_key(project, name, "last"))
                 pipe.hgetall(_keys.job_key(project, name, "checkpoint"))
+                pipe.get(_keys.job_key(project, name, "overdue"))
             raw = await pipe.execute(raise_on_error=False)
         data = {}
         for i, name in enumerate(names):
-            value, pttl, last, fields = raw[4 * i : 4 * i + 4]
+            value, pttl, last, fields, spell = raw[5 * i : 5 * i + 5]
             lock, last_key, checkpoint = (
                 _keys.job_key(project, name, kind) for kind in ("lock", "last", "checkpoint")
             )
@@ -172,5 +197,6 @@ class RedisControls:
                 checkpoint=checked(
                     name, {_text(k) or "": v for k, v in stored.items()} if stored else None
                 ),
+                overdue_since=_overdue_since(_text(spell), stored, last),
             )
         return ClusterData(now=now, members=members, controls=controls, jobs=data)

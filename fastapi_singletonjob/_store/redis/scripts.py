@@ -29,6 +29,7 @@ __all__ = [
     "CONTROL_SHARDED",
     "ELECT",
     "ELECT_SHARDED",
+    "OVERDUE",
     "RECORD_RUN",
     "RELEASE",
     "RELEASE_SHARDED",
@@ -693,3 +694,80 @@ redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 """
 )
+
+# The overdue check of the jobs a node watches (``_overdue``), one call per check.
+#
+# KEYS[1]    - the project's controls hash
+# KEYS[3i-1] - checkpoint key of job i   KEYS[3i] - its "last instant" key
+# KEYS[3i+1] - its overdue key ("<since µs>:<told>:<anchor>": the job's open spell, and
+#              whether a node has taken the telling of it, 1, or not yet, 0)
+# ARGV[1]    - how long an overdue key lives, in ms (the checkpoint retention)
+# ARGV[4i-2] - the name of job i
+# ARGV[4i-1] - the anchor the caller judged job i by (see below), or "" for none yet
+# ARGV[4i]   - when job i is overdue by that anchor, µs of the server clock, or "" (the caller
+#              does not watch it, or it is never overdue)
+# ARGV[4i+1] - "1" when the caller has an on_overdue for job i (it can tell), else "0"
+#
+# A job's anchor is what is stored of its last run: "<last_scheduled_us>,<last_completed_us>,
+# <last claimed instant µs>" (each digits, or empty when absent or of another form). For each
+# job, in order: a paused job has no spell (its overdue key is deleted); a spell whose anchor
+# is not the job's anchor any more ended (a run was recorded or claimed since): deleted. Then,
+# when the job is not paused, has no spell, its anchor is still the one the caller judged it by
+# and the server clock has passed the caller's deadline, the spell opens: the key is set with
+# the deadline and the anchor. The telling of a spell goes to the first caller that can tell
+# (at its opening, or later): only that call hears so, so one node in the cluster calls back.
+# Returns the server time as {seconds, µs}, then per job: its anchor, 1 if paused else 0, its
+# spell's value or "", and bits: 1 this call opened the spell, 2 this call is to tell it.
+# Keys of another type read as none and are replaced (pcall: nothing here fails the call for
+# the other jobs).
+OVERDUE = """
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out = {t[1], t[2]}
+local function field(stored)
+  if type(stored) ~= 'string' then
+    return ''
+  end
+  return string.match(stored, '^(%d+)') or ''
+end
+for i = 1, (#KEYS - 1) / 3 do
+  local checkpoint, last, key = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
+  local name, judged, deadline = ARGV[4 * i - 2], ARGV[4 * i - 1], ARGV[4 * i]
+  local can_tell = ARGV[4 * i + 1] == '1'
+  local fields = redis.pcall('HMGET', checkpoint, 'last_scheduled_us', 'last_completed_us')
+  if type(fields) ~= 'table' then
+    fields = {}
+  end
+  local anchor = field(fields[1]) .. ',' .. field(fields[2]) .. ',' ..
+    field(redis.pcall('GET', last))
+  local paused = redis.pcall('HEXISTS', KEYS[1], 'paused:' .. name) == 1
+  local spell = redis.pcall('GET', key)
+  local since, told, of
+  if type(spell) == 'string' then
+    since, told, of = string.match(spell, '^(%d+):([01]):(.*)$')
+  end
+  if since and (paused or of ~= anchor) then
+    since = nil
+  end
+  if not since and type(spell) == 'string' then
+    redis.call('DEL', key)
+  end
+  local bits = 0
+  if since and told == '0' and can_tell then
+    told = '1'
+    local ttl = redis.call('PTTL', key)
+    redis.pcall('SET', key, since .. ':1:' .. anchor, 'PX', ttl > 0 and ttl or ARGV[1])
+    bits = 2
+  elseif not since and not paused and deadline ~= '' and judged == anchor
+      and now_us >= tonumber(deadline) then
+    since, told = deadline, can_tell and '1' or '0'
+    redis.pcall('SET', key, since .. ':' .. told .. ':' .. anchor, 'PX', ARGV[1])
+    bits = can_tell and 3 or 1
+  end
+  table.insert(out, anchor)
+  table.insert(out, paused and 1 or 0)
+  table.insert(out, since and (since .. ':' .. told .. ':' .. anchor) or '')
+  table.insert(out, bits)
+end
+return out
+"""

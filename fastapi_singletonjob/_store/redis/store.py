@@ -44,6 +44,8 @@ from ..base import (
     ClusterData,
     LeaseReply,
     LeaseRequest,
+    OverdueCheck,
+    OverdueReply,
     ReleaseListener,
 )
 from ..membership import Membership
@@ -52,6 +54,7 @@ from .checkpoints import RedisCheckpoints
 from .claims import RedisClaims
 from .connect import DEFAULT_MAX_CONNECTIONS, ELECTION_CONNECTIONS, POOL_WAIT_S, drop_idle
 from .controls import RedisControls
+from .overdue import RedisOverdue
 from .server import SingleServer
 from .subscription import ReleaseSubscription
 from .topology import Topology
@@ -99,6 +102,7 @@ class RedisStore:
         self._claims = RedisClaims(topology, project, clock=clock)
         self._checkpoints = RedisCheckpoints(topology, project, self._channel, clock=clock)
         self._controls = RedisControls(topology, project, self._channel)
+        self._overdue = RedisOverdue(topology, project)
         self._subscription = ReleaseSubscription(topology, self._channel, clock=clock)
 
     @property
@@ -253,6 +257,18 @@ class RedisStore:
     ) -> Recorded:
         """See ``Store.record_runs`` and ``RedisCheckpoints.record_runs``."""
         return await self._checkpoints.record_runs(runs, timeout_s=timeout_s)
+
+    async def check_overdue(
+        self,
+        checks: Sequence[OverdueCheck],
+        *,
+        retention_s: float,
+        timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ) -> OverdueReply:
+        """See ``Store.check_overdue``."""
+        return await self._overdue.check_overdue(
+            checks, retention_s=retention_s, timeout_s=timeout_s
+        )
 
     async def read_history(
         self, job: str, *, limit: int, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
