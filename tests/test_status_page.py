@@ -16,6 +16,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -49,9 +50,10 @@ SETTLE_S = 10.0
 Json = dict[str, Any]
 
 
-def replica(url: str, project: str, node_id: str) -> SingletonJobs:
-    """A node with a healthy job, one failing every other run with ``HOSTILE`` in its error,
-    one to pause, one whose runs outlast its period (overlap), and a nightly cron job."""
+def replica(url: str, project: str, node_id: str, release: asyncio.Event) -> SingletonJobs:
+    """A node with a healthy job, one failing every third run with ``HOSTILE`` in its error,
+    one to pause, one whose runs outlast its period (overlap), one whose first run hangs until
+    ``release`` (overdue), and a nightly cron job."""
     jobs = SingletonJobs(
         url,
         project=project,
@@ -80,6 +82,10 @@ def replica(url: str, project: str, node_id: str) -> SingletonJobs:
     @jobs.fixed_rate("slow-report", every=0.1)
     async def slow_report() -> None:
         await asyncio.sleep(0.15)
+
+    @jobs.fixed_rate("stuck-import", every=0.1, overdue_grace=0.1)
+    async def stuck_import() -> None:
+        await release.wait()
 
     @jobs.cron("nightly", "0 3 * * *")
     async def nightly() -> None:
@@ -110,6 +116,12 @@ async def http_server(app: FastAPI) -> AsyncIterator[str]:
         sock.close()
 
 
+async def overdue(jobs: SingletonJobs) -> bool:
+    """Whether the cluster view has stuck-import's overdue spell open."""
+    view = await jobs.cluster_status()
+    return any(job.overdue_since is not None for job in view.jobs if job.name == "stuck-import")
+
+
 async def strip_full(jobs: SingletonJobs, job: str) -> bool:
     return len(await jobs.history(job, limit=STRIP_ENTRIES)) == STRIP_ENTRIES
 
@@ -132,7 +144,6 @@ READ_PAGE = """JSON.stringify({
       badges: [...card.querySelectorAll('.badge')].map(b => b.textContent),
       rows: Object.fromEntries([...card.querySelectorAll('dt')].map(
         dt => [dt.textContent, dt.nextElementSibling.innerText])),
-      overdue: card.querySelector('[data-overdue]')?.dataset.overdue ?? null,
       strip: [...card.querySelectorAll('.strip .cell')].map(
         c => ({kind: c.className.replace('cell ', ''), title: c.title})),
     }])),
@@ -164,7 +175,8 @@ async def test_the_page_in_a_real_browser_shows_each_jobs_state(
     redis_url: str, unique_project: str, tmp_path: Path
 ) -> None:
     executable = chromium_or_skip()
-    web1, web2 = (replica(redis_url, unique_project, node) for node in ("web-1", "web-2"))
+    release = asyncio.Event()
+    web1, web2 = (replica(redis_url, unique_project, n, release) for n in ("web-1", "web-2"))
     await web1.start()
     try:
         leads_all = lambda: all(job.is_leader for job in web1.status().jobs)  # noqa: E731
@@ -175,6 +187,7 @@ async def test_the_page_in_a_real_browser_shows_each_jobs_state(
         for job, word in (("export", "failed"), ("sweep", "paused"), ("slow-report", "overlap")):
             seen = functools.partial(history_has, web1, job, word)
             await wait_until(seen, SETTLE_S, f"{job}: {word}")
+        await wait_until(functools.partial(overdue, web1), SETTLE_S, "stuck-import is overdue")
         shot = tmp_path / "page.png"
         if os.environ.get(UPDATE_SCREENSHOT) == "1":  # for the docs: every strip full
             shot = SCREENSHOT
@@ -186,6 +199,7 @@ async def test_the_page_in_a_real_browser_shows_each_jobs_state(
                 browse, base, tmp_path, executable, shot
             )
     finally:
+        release.set()
         await web2.stop()
         await web1.stop()
 
@@ -195,12 +209,15 @@ async def test_the_page_in_a_real_browser_shows_each_jobs_state(
     assert detail["scrollWidth"] <= detail["clientWidth"] == PHONE_WIDTH, detail
     assert detail["innerWidth"] == PHONE_WIDTH
     cards = phone["jobs"]
-    assert list(cards) == ["price-tick", "export", "sweep", "slow-report", "nightly"]
+    names = ["price-tick", "export", "sweep", "slow-report", "stuck-import", "nightly"]
+    assert list(cards) == names
     for card in cards.values():
         assert card["rows"]["Leader"].startswith("web-1"), card
-        # TODO(issue 30, item 2): an overdue job once overdue_since is on main.
-        assert card["rows"]["Overdue"] == status_page.OVERDUE_NOT_TRACKED
-        assert card["overdue"] == status_page.OVERDUE_NOT_TRACKED
+    stuck = cards.pop("stuck-import")
+    assert [b for b in stuck["badges"] if b.startswith("overdue ")], stuck
+    assert re.fullmatch(r"since \d\d:\d\d:\d\dZ \([\d.]+\s\w+ ago\)", stuck["rows"]["Overdue"])
+    assert all(card["rows"]["Overdue"] == "no" for card in cards.values()), cards
+    assert not any(b.startswith("overdue") for card in cards.values() for b in card["badges"])
     assert "paused" in cards["sweep"]["badges"]
     assert cards["sweep"]["rows"]["Paused"].startswith("yes, since")
     assert cards["price-tick"]["rows"]["Paused"] == "no" and not cards["price-tick"]["badges"]
@@ -302,7 +319,7 @@ async def test_without_redis_the_page_is_this_nodes_view_and_a_503() -> None:
 
 
 def test_an_overdue_job_gets_a_badge_and_its_time() -> None:
-    """The renderer's overdue path, ready for ``overdue_since`` (issue 30, item 2)."""
+    """An overdue job (``overdue_since``, issue 30 item 2) gets a badge and its time."""
     now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
     stored = ClusterJob.model_validate(
         {
@@ -327,7 +344,7 @@ def test_an_overdue_job_gets_a_badge_and_its_time() -> None:
         }
     )
 
-    def render(overdue: status_page.Overdue) -> str:
+    def render(overdue: datetime | None) -> str:
         job = status_page.PageJob("export", stored, None, [entry], overdue=overdue)
         data = status_page.PageData("p", "web-1", "memory://", now, [], [job])
         return status_page.overview(data, refresh_s=0)
@@ -446,7 +463,6 @@ def test_every_text_from_redis_is_escaped_wherever_the_page_writes_it() -> None:
             "href",
             "datetime",
             "data-job",
-            "data-overdue",
             "role",
             "aria-label",
         }

@@ -30,10 +30,8 @@ from .views import node_status
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
-    "OVERDUE_NOT_TRACKED",
     "PAGE_READ_S",
     "STRIP_ENTRIES",
-    "Overdue",
     "PageData",
     "PageJob",
     "job_page",
@@ -53,22 +51,15 @@ CONTENT_SECURITY_POLICY: Final = (
 )
 """Sent with every page: no script, no fetch, no frame; only the page's own inline style."""
 
-OVERDUE_NOT_TRACKED: Final = "not tracked"
-"""PLACEHOLDER for ``overdue_since`` until the overdue field (issue 30, item 2) reaches this
-branch: the page shows an overdue column that says it does not know, never a false "no"."""
+def overdue_since(job: ClusterJob | None, local: JobStatus | None) -> datetime | None:
+    """Since when the job is overdue, as the page shows it: the one place the page reads it.
 
-Overdue = datetime | None | str
-"""When a job fell overdue, None when it is on time, ``OVERDUE_NOT_TRACKED`` when unknown."""
-
-
-def overdue_since(job: ClusterJob | None, local: JobStatus | None) -> Overdue:
-    """Since when ``job`` is overdue, as the page shows it: the one place the page reads it.
-
-    PLACEHOLDER: the job status and cluster models have no ``overdue_since`` yet (issue 30,
-    item 2, built on another branch), so this says ``OVERDUE_NOT_TRACKED`` for every job.
+    The open spell as stored in Redis (the same from every replica), or, when Redis did not
+    answer the cluster read, this node's last check of it; None when it is on time.
     """
-    del job, local
-    return OVERDUE_NOT_TRACKED
+    if job is not None:
+        return job.overdue_since
+    return local.overdue_since if local is not None else None
 
 
 # -- what a page shows ----------------------------------------------------------------------
@@ -87,7 +78,8 @@ class PageJob:
     """Newest first; None when not read (not registered here, or Redis did not answer)."""
     history_note: str | None = None
     """Why there is no history to show, when there is none."""
-    overdue: Overdue = None
+    overdue: datetime | None = None
+    """Since when it is overdue (``overdue_since``); None when it is on time."""
 
 
 @dataclass(slots=True)
@@ -266,7 +258,7 @@ def _card(job: PageJob, now: datetime, *, link: str | None) -> str:
         badges.append('<span class="badge off">disabled</span>')
     if stored is not None and stored.paused:
         badges.append('<span class="badge paused">paused</span>')
-    if isinstance(job.overdue, datetime):
+    if job.overdue is not None:
         badges.append(f'<span class="badge overdue">overdue {_ago(job.overdue, now)}</span>')
     if stored is not None and stored.leader is None and (local is None or local.enabled):
         badges.append('<span class="badge none">no leader</span>')
@@ -322,12 +314,10 @@ def _next_run(local: JobStatus | None, now: datetime) -> str:
     return f'{_time(local.next_run, now)} <span class="dim">({_ago(local.next_run, now)})</span>'
 
 
-def _overdue(overdue: Overdue, now: datetime) -> str:
-    if isinstance(overdue, datetime):
-        return f'<b class="bad">since {_time(overdue, now)}</b> ({_ago(overdue, now)})'
+def _overdue(overdue: datetime | None, now: datetime) -> str:
     if overdue is None:
         return "no"
-    return f'<span class="dim" data-overdue="{_e(overdue)}">{_e(overdue)}</span>'
+    return f'<b class="bad">since {_time(overdue, now)}</b> ({_ago(overdue, now)})'
 
 
 def _last_run(job: PageJob, now: datetime) -> str:
