@@ -51,6 +51,7 @@ CONTENT_SECURITY_POLICY: Final = (
 )
 """Sent with every page: no script, no fetch, no frame; only the page's own inline style."""
 
+
 def overdue_since(job: ClusterJob | None, local: JobStatus | None) -> datetime | None:
     """Since when the job is overdue, as the page shows it: the one place the page reads it.
 
@@ -259,7 +260,8 @@ def _card(job: PageJob, now: datetime, *, link: str | None) -> str:
     if stored is not None and stored.paused:
         badges.append('<span class="badge paused">paused</span>')
     if job.overdue is not None:
-        badges.append(f'<span class="badge overdue">overdue {_ago(job.overdue, now)}</span>')
+        late = _span(max(0.0, (now - job.overdue).total_seconds()))
+        badges.append(f'<span class="badge overdue">overdue {late}</span>')
     if stored is not None and stored.leader is None and (local is None or local.enabled):
         badges.append('<span class="badge none">no leader</span>')
     name = f'<a href="{link}">{_e(job.name)}</a>' if link else _e(job.name)
