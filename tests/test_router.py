@@ -572,6 +572,8 @@ ALL_PATHS = (
     f"{PREFIX}/health",
     f"{PREFIX}/health/jobs",
     f"{PREFIX}/health/live",
+    f"{PREFIX}/ui",
+    f"{PREFIX}/ui/jobs/tick",
     "/openapi.json",
 )
 

@@ -1,3 +1,3 @@
-"""The HTTP side: the status router, the health probes, the admin router and their response
-models.
+"""The HTTP side: the status router and its status page, the health probes, the admin router
+and their response models.
 """

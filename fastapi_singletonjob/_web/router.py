@@ -12,9 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi.responses import HTMLResponse
 
 from .._history import DEFAULT_HISTORY, MAX_HISTORY
 from .._store.base import STORE_ERRORS
+from . import page
 from .health import liveness, readiness
 from .models import (
     ClusterStatus,
@@ -108,6 +110,8 @@ def create_router(jobs: StatusSource) -> APIRouter:
                 status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis did not answer: {type(exc).__name__}"
             ) from None
 
+    _add_page(router, jobs)
+
     _add_probe(
         router,
         "ready",
@@ -154,6 +158,67 @@ def create_router(jobs: StatusSource) -> APIRouter:
         jobs,
     )
     return router
+
+
+REFRESH_S = 10
+"""How often the status page reloads itself by default (``?refresh=``; 0 stops it)."""
+
+
+def _add_page(router: APIRouter, jobs: StatusSource) -> None:
+    """The status page: HTML for a person, read-only, from the same reads as the JSON routes."""
+    refresh_query = Query(
+        REFRESH_S, ge=0, le=3600, description="Seconds between reloads of the page; 0: none."
+    )
+
+    @router.get(
+        "/ui",
+        response_class=HTMLResponse,
+        summary="Status page: every job, its leader, pause, next run and last runs (HTML)",
+        responses={status.HTTP_503_SERVICE_UNAVAILABLE: {"description": "Redis did not answer"}},
+        name="status_page",
+    )
+    async def status_page(refresh: int = refresh_query) -> HTMLResponse:
+        """Every job with its leader, whether it is paused or overdue, its next run and a
+        strip of its last runs coloured by outcome (each with its instant, outcome, error or
+        the reason it did not run, on hover), from the cluster view and the histories. A
+        server-rendered page with no script; 503 with this node's own view when Redis does
+        not answer."""
+        data = await page.read_page(jobs, limit=page.STRIP_ENTRIES)
+        return _html(page.overview(data, refresh_s=refresh), data)
+
+    @router.get(
+        "/ui/jobs/{name}",
+        response_class=HTMLResponse,
+        summary="Status page of one job: every occurrence in its history (HTML)",
+        responses={
+            status.HTTP_404_NOT_FOUND: {"description": "No job of that name"},
+            status.HTTP_503_SERVICE_UNAVAILABLE: {"description": "Redis did not answer"},
+        },
+        name="status_page_job",
+    )
+    async def status_page_job(
+        name: str,
+        refresh: int = refresh_query,
+        limit: int = Query(DEFAULT_HISTORY, ge=1, le=MAX_HISTORY),
+    ) -> HTMLResponse:
+        """One job's card and its last `limit` occurrences, newest first, each with its
+        outcome and error, or the reason it did not run."""
+        data = await page.read_page(jobs, only=name, limit=limit)
+        if not data.jobs:
+            return _html(page.not_found(name, data.known), data, status.HTTP_404_NOT_FOUND)
+        return _html(page.job_page(data, refresh_s=refresh), data)
+
+
+def _html(text: str, data: page.PageData, code: int | None = None) -> HTMLResponse:
+    if code is None:
+        code = status.HTTP_503_SERVICE_UNAVAILABLE if data.store_error else status.HTTP_200_OK
+    headers = {
+        "Content-Security-Policy": page.CONTENT_SECURITY_POLICY,
+        "Cache-Control": "no-store",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+    return HTMLResponse(text, status_code=code, headers=headers)
 
 
 def _add_probe(
