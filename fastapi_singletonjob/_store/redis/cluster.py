@@ -35,8 +35,9 @@ import logging
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
-from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.cluster import ClusterNode, NodesManager
 from redis.asyncio.connection import SSLConnection, parse_url
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     MovedError,
@@ -70,6 +71,10 @@ CLUSTER_CLIENT_SHOWN = "<cluster client passed in>"
 """How logs and errors name the store when the user passed a cluster client."""
 
 _CLUSTER_OPTIONS = frozenset(inspect.signature(RedisCluster.__init__).parameters) - {"self"}
+_DEFERS_FAILED_NODE = (
+    "last_failed_node_name" in inspect.signature(NodesManager.initialize).parameters
+)
+"""redis-py (8.x) can be told which node to ask last when it re-reads the slot map."""
 _NODE_OPTIONS = frozenset(inspect.signature(Redis.__init__).parameters) - {"self"}
 _OWN_OPTIONS = frozenset(
     {
@@ -183,6 +188,7 @@ class ClusterTopology:
         self.calls = self._cluster(size)
         self._listen_at: tuple[str, int] | None = None
         self._reread: asyncio.Task[None] | None = None
+        self._slot = key_slot(channel.encode())  # of every key of the project too
         self._closed = False
 
     def _cluster(self, max_connections: int) -> RedisCluster:
@@ -315,18 +321,29 @@ class ClusterTopology:
             )
 
     async def _reread_maps(self) -> None:
-        """Read the slot map of each client again (a client not yet initialised reads it,
-        with the command table, for the first time); failures are the next call's concern."""
-        for client in (self.election, self.calls):
-            try:
-                await within(self._reread_map(client), self.connect_timeout_s)
-            except Exception as exc:
-                logger.debug("could not re-read the slot map of %s: %r", self.shown, exc)
+        """Read the slot map of both clients again, at once (a client not yet initialised
+        reads it, with the command table, for the first time); failures are the next
+        call's concern."""
+        await asyncio.gather(*(self._reread_map(c) for c in (self.election, self.calls)))
+
+    async def _reread_map(self, client: RedisCluster) -> None:
+        """Read ``client``'s slot map again, asking the node that serves the project's slot
+        in the map it replaces last: that is where the failed call went, and a master that
+        froze (``SIGSTOP``, a partition) accepts the connection but never answers, so asked
+        first it would hold the whole re-read until its deadline."""
+        last: dict[str, Any] = {}
+        serving = client.nodes_manager.slots_cache.get(self._slot)
+        if serving and _DEFERS_FAILED_NODE:
+            last["last_failed_node_name"] = serving[0].name
+        try:
+            await within(self._read_again(client, last), self.connect_timeout_s)
+        except Exception as exc:
+            logger.debug("could not re-read the slot map of %s: %r", self.shown, exc)
 
     @staticmethod
-    async def _reread_map(client: RedisCluster) -> None:
-        await client.initialize()  # nothing to do once initialised
-        await client.nodes_manager.initialize()
+    async def _read_again(client: RedisCluster, last: dict[str, Any]) -> None:
+        await client.initialize(**last)  # nothing to do once initialised
+        await client.nodes_manager.initialize(**last)
 
     def subscription_ended(self, exc: BaseException) -> None:
         """See ``Topology.subscription_ended``: after ``MOVED`` (``SSUBSCRIBE`` sent to a node
