@@ -1,10 +1,10 @@
 """Redis Cluster against a real cluster of three masters started by the test (issue 14):
 one runner, a pushed handover, one round trip per heartbeat, a cluster client passed in, and
 the operator errors readiness reports; and, on a cluster with replicas, that the release
-listener and the claims follow a slot master's SIGKILL to the promoted replica (issue 26,
-item 4). Failover and slot migration as a whole are chaos rows
-(tests/chaos/test_cluster_faults.py), and the kill-and-resume is a soak
-(tests/soak/test_cluster_failover.py)."""
+listener and the claims follow a slot master's SIGKILL or SIGSTOP to the promoted replica,
+and that the slot map's re-read asks a frozen master last (issue 26, item 4). Failover and
+slot migration as a whole are chaos rows (tests/chaos/test_cluster_faults.py), and the
+kill-and-resume is a soak (tests/soak/test_cluster_failover.py)."""
 
 from __future__ import annotations
 
@@ -386,25 +386,44 @@ def shard_subscribers(server: RedisServer, channel: str) -> int:
         return int(client.pubsub_shardnumsub(channel)[0][1])
 
 
-async def test_after_a_slot_master_sigkill_the_listener_and_the_claims_reach_its_replica(
-    failover_cluster: TestCluster, unique_project: str
+@pytest.mark.parametrize(
+    ("fault", "listener_s"),
+    [
+        ("kill", 1.0),
+        # A subscription at the frozen master fails only at its deadline (connect timeout
+        # plus keepalive: 2 s here), then the listener subscribes where the re-read says.
+        ("pause", 3.0),
+    ],
+    ids=["sigkill", "sigstop"],
+)
+async def test_after_a_slot_master_dies_the_listener_and_the_claims_reach_its_replica(
+    failover_cluster: TestCluster, unique_project: str, fault: str, listener_s: float
 ) -> None:
-    """Issue 26, item 4: the master of the project's slot is SIGKILLed and its replica
-    promoted; with no election round after the kill, the release listener subscribes on the
-    promoted replica and a claim is answered there, each within a second of the promotion.
+    """Issue 26, item 4: the master of the project's slot is SIGKILLed (or SIGSTOPped) and
+    its replica promoted; with no election round after the fault, the release listener
+    subscribes on the promoted replica and a claim is answered there, soon after the
+    promotion.
 
     The listener fails on connections of its own, which redis-py does not count against the
     election's slot map, so it went on subscribing at the dead master with a map read before
     the promotion (until an election round failed again, a backoff later). The claims'
     client read its map only at its first claim, from the seeds alone, here the one node
     the user's client names, the dead master: "Redis Cluster cannot be connected" for good.
+    A frozen master accepts connections and answers nothing: a re-read of the slot map that
+    asked it first waited until its deadline.
     """
     cluster = failover_cluster
-    channel = release_channel(unique_project)
-    slot = key_slot(job_key(unique_project, "job", "lock").encode())
+    # a project whose slot's master has a replica (the other test may have killed one)
+    project = next(
+        name
+        for name in (f"{unique_project}-{i}" for i in range(100))
+        if cluster.with_replica(key_slot(job_key(name, "job", "lock").encode()))
+    )
+    channel = release_channel(project)
+    slot = key_slot(job_key(project, "job", "lock").encode())
     owner = cluster.slot_owner(slot)
     client = RedisCluster(host=HOST, port=owner.port)  # one seed: the master to be killed
-    store = ClusterLeaseStore(unique_project, client=client, connect_timeout_s=1.0)
+    store = ClusterLeaseStore(project, client=client, connect_timeout_s=1.0)
 
     async def listen() -> None:  # as the elector does: again after each failure
         while True:
@@ -427,12 +446,15 @@ async def test_after_a_slot_master_sigkill_the_listener_and_the_claims_reach_its
         (reply,) = await store.elect("n1", [LeaseRequest("job", 60.0)])  # the first round
         assert reply.held
         await wait_until(lambda: shard_subscribers(owner, channel) == 1, 5.0, "subscribed")
-        owner.kill()
+        if fault == "kill":
+            owner.kill()
+        else:
+            cluster.pause(owner)
         await asyncio.to_thread(cluster.wait_promoted, owner, slot)
         promoted = cluster.slot_owner(slot)
         await wait_until(
             lambda: shard_subscribers(promoted, channel) == 1,
-            1.0,
+            listener_s,
             "the listener on the promoted replica",
             poll_s=0.02,
         )
@@ -442,3 +464,34 @@ async def test_after_a_slot_master_sigkill_the_listener_and_the_claims_reach_its
         await asyncio.wait({listener})
         await store.aclose()
         await client.aclose()
+
+
+async def test_a_slot_map_re_read_asks_a_frozen_slot_master_last(
+    cluster: TestCluster, unique_project: str
+) -> None:
+    """The re-read after a failed call asks the node that served the project's slot last:
+    frozen (SIGSTOP, here for far less than ``cluster-node-timeout``, so no failover), it
+    accepts the connection and answers nothing, and a re-read that asked it first waited
+    out its whole deadline (then failed), in one re-read of three or more (the clients' seeds
+    are the nodes of the last map read: the three masters, or all six nodes)."""
+    slot = key_slot(job_key(unique_project, "job", "lock").encode())
+    owner = cluster.slot_owner(slot)
+    store = ClusterLeaseStore(unique_project, url=cluster.url, connect_timeout_s=0.5)
+    topology = store._topology
+    assert isinstance(topology, ClusterTopology)
+    took: list[float] = []
+    try:
+        await store.elect("n1", [LeaseRequest("job", T)])  # both clients read their map
+        cluster.pause(owner)
+        try:
+            for _ in range(20):  # each re-reads the map of both clients
+                began = time.monotonic()
+                topology.call_failed(TimeoutError("a call to the frozen master"))
+                assert topology._reread is not None
+                await topology._reread
+                took.append(time.monotonic() - began)
+        finally:
+            cluster.resume(owner)
+    finally:
+        await store.aclose()
+    assert max(took) < 0.25, [round(t, 3) for t in took]
