@@ -71,8 +71,9 @@ CLUSTER_CLIENT_SHOWN = "<cluster client passed in>"
 """How logs and errors name the store when the user passed a cluster client."""
 
 _CLUSTER_OPTIONS = frozenset(inspect.signature(RedisCluster.__init__).parameters) - {"self"}
-_DEFERS_FAILED_NODE = (
-    "last_failed_node_name" in inspect.signature(NodesManager.initialize).parameters
+_DEFERS_FAILED_NODE = all(
+    "last_failed_node_name" in inspect.signature(method).parameters
+    for method in (RedisCluster.initialize, NodesManager.initialize)
 )
 """redis-py (8.x) can be told which node to ask last when it re-reads the slot map."""
 _NODE_OPTIONS = frozenset(inspect.signature(Redis.__init__).parameters) - {"self"}
@@ -304,12 +305,13 @@ class ClusterTopology:
         a time (a failure meanwhile shares it), and each ends within ``connect_timeout_s``.
 
         redis-py re-reads a ``RedisCluster``'s map only at that client's next call after a
-        connection error of its own. The release listener reads the election's map but
-        fails on connections of its own; the claims have a client of their own. So after a
-        master's SIGKILL the listener kept subscribing at the dead master, with a map read
-        before its replica was promoted, and could not wake the election, which waited out
-        its backoff (seconds, doubling) before its next round failed once more and marked
-        the map stale; the claims of a leader likewise (issue 26, item 4). A re-read at
+        connection error of its own, and after a call cancelled at its deadline not at all.
+        The release listener reads the election's map but fails on connections of its own.
+        So after a master's SIGKILL the listener kept subscribing at the dead master, with a
+        map read before its replica was promoted, and could not wake the election, which
+        waited out its backoff (seconds, doubling) before its next round failed once more
+        and marked the map stale (issue 26, item 4); after a SIGSTOP (a master that froze:
+        every call times out) no map was re-read at all: no run within 15 s. A re-read at
         every failure, shared by both clients and the listener, finds the promoted replica
         at the first failure after the promotion. The cost is a ``CLUSTER SLOTS`` call per
         client per failure at most, during a failover or an outage."""
