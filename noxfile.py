@@ -169,8 +169,10 @@ def chaos(session: nox.Session) -> None:
 def soak(session: nox.Session) -> None:
     """Run every soak scenario (tests/soak), each many times over on real servers, and print
     the distribution of what each measured: spread convergence, 12 jobs on 3 replicas, 50 runs
-    (about 3 minutes). The default ``tests`` session skips them (they run only with
-    ``SJTEST_SOAK=1``, which this session sets). Needs redis-server.
+    (about 3 minutes); a Redis Cluster slot master SIGKILLed under two nodes, 20 runs, and
+    SIGSTOPped, 10 runs (about 3 minutes; needs redis-cli too). The default ``tests`` session
+    skips them (they run only with ``SJTEST_SOAK=1``, which this session sets). Needs
+    redis-server.
     ``SJTEST_SOAK_RUNS=N`` makes N runs of each scenario; ``SJTEST_SOAK_REPORT=
     path.json`` keeps every run's time; arguments after ``--`` go to pytest.
     """

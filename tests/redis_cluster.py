@@ -50,6 +50,8 @@ class TestCluster:
     def __init__(self, nodes: list[RedisServer], node_timeout_ms: int) -> None:
         self.nodes = nodes
         self.node_timeout_ms = node_timeout_ms
+        self.paused: set[int] = set()
+        """Ports of the nodes ``pause`` froze: they run, but answer nothing."""
 
     @classmethod
     def start(
@@ -118,7 +120,27 @@ class TestCluster:
         return "redis+cluster://" + ",".join(f"{HOST}:{node.port}" for node in self.nodes) + "/"
 
     def running_nodes(self) -> list[RedisServer]:
-        return [node for node in self.nodes if node.running]
+        """The nodes that run and answer (not killed, not frozen by ``pause``)."""
+        return [node for node in self.nodes if node.running and node.port not in self.paused]
+
+    def pause(self, node: RedisServer) -> None:
+        """SIGSTOP ``node``: it keeps its connections and accepts new ones (the kernel
+        does), but answers nothing, as a frozen or partitioned master; the helpers here
+        ask the other nodes from now on. ``close`` ends it."""
+        node.pause()
+        self.paused.add(node.port)
+
+    def resume(self, node: RedisServer) -> None:
+        """SIGCONT a node ``pause`` froze."""
+        node.resume()
+        self.paused.discard(node.port)
+
+    def with_replica(self, slot: int) -> bool:
+        """Whether the master serving ``slot`` has a replica connected (one that could be
+        promoted). ``CLUSTER SLOTS`` is no help: it leaves out a replica for a while after
+        it synced."""
+        with self.slot_owner(slot).client() as client:
+            return int(client.info("replication")["connected_slaves"]) > 0
 
     def node_at(self, port: int) -> RedisServer:
         return next(node for node in self.nodes if node.port == port)

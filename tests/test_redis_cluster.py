@@ -1,7 +1,10 @@
 """Redis Cluster against a real cluster of three masters started by the test (issue 14):
 one runner, a pushed handover, one round trip per heartbeat, a cluster client passed in, and
-the operator errors readiness reports. Failover and slot migration are chaos rows
-(tests/chaos/test_cluster_faults.py)."""
+the operator errors readiness reports; and, on a cluster with replicas, that the release
+listener and the claims follow a slot master's SIGKILL or SIGSTOP to the promoted replica,
+and that the slot map's re-read asks a frozen master last (issue 26, item 4). Failover and
+slot migration as a whole are chaos rows (tests/chaos/test_cluster_faults.py), and the
+kill-and-resume is a soak (tests/soak/test_cluster_failover.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ from typing import Any
 import pytest
 import redis
 from redis.asyncio import Redis, RedisCluster
+from redis.crc import key_slot
 from redis_cluster import Run, TestCluster, ticking_node
-from servers import RedisServerFactory
+from servers import HOST, RedisServer, RedisServerFactory
 from test_redis_acl import PASSWORD as ACL_PASSWORD
 from test_redis_acl import documented_acl
 from waiting import wait_until
@@ -26,7 +30,7 @@ from waiting import wait_until
 from fastapi_singletonjob import ConfigurationError, SingletonJobs
 from fastapi_singletonjob._config.cluster_url import seed_urls
 from fastapi_singletonjob._singletonjobs import StatusView
-from fastapi_singletonjob._store.base import LeaseRequest
+from fastapi_singletonjob._store.base import ClaimResult, LeaseRequest
 from fastapi_singletonjob._store.keys import job_key, release_channel
 from fastapi_singletonjob._store.redis.cluster import ClusterLeaseStore, ClusterTopology
 from fastapi_singletonjob._web.health import readiness
@@ -40,6 +44,17 @@ T = 2.0  # lock expiry: long, so that a handover found by polling would show
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[TestCluster]:
     with TestCluster.start(masters=3) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def failover_cluster() -> Iterator[TestCluster]:
+    """Three masters with a replica each, for a test that kills a master (the other tests
+    count the calls of every node, which a replica's replicated writes would add to). The
+    replicas sync at once, without the default diskless-sync delay of 5 s."""
+    with TestCluster.start(
+        masters=3, replicas=1, node_args=lambda: ["--repl-diskless-sync-delay", "0"]
+    ) as started:
         yield started
 
 
@@ -364,3 +379,119 @@ def test_a_client_passed_in_gives_its_settings_but_not_its_retries_or_decoding()
         assert own.retry.get_retries() == 0
         assert own.get_encoder().decode_responses is False
     assert "pw" not in repr(store)
+
+
+def shard_subscribers(server: RedisServer, channel: str) -> int:
+    with server.client() as client:
+        return int(client.pubsub_shardnumsub(channel)[0][1])
+
+
+@pytest.mark.parametrize(
+    ("fault", "listener_s"),
+    [
+        ("kill", 1.0),
+        # A subscription at the frozen master fails only at its deadline (connect timeout
+        # plus keepalive: 2 s here), then the listener subscribes where the re-read says.
+        ("pause", 3.0),
+    ],
+    ids=["sigkill", "sigstop"],
+)
+async def test_after_a_slot_master_dies_the_listener_and_the_claims_reach_its_replica(
+    failover_cluster: TestCluster, unique_project: str, fault: str, listener_s: float
+) -> None:
+    """Issue 26, item 4: the master of the project's slot is SIGKILLed (or SIGSTOPped) and
+    its replica promoted; with no election round after the fault, the release listener
+    subscribes on the promoted replica and a claim is answered there, soon after the
+    promotion.
+
+    The listener fails on connections of its own, which redis-py does not count against the
+    election's slot map, so it went on subscribing at the dead master with a map read before
+    the promotion (until an election round failed again, a backoff later). The claims'
+    client read its map only at its first claim, from the seeds alone, here the one node
+    the user's client names, the dead master: "Redis Cluster cannot be connected" for good.
+    A frozen master accepts connections and answers nothing: a re-read of the slot map that
+    asked it first waited until its deadline.
+    """
+    cluster = failover_cluster
+    # a project whose slot's master has a replica (the other test may have killed one)
+    project = next(
+        name
+        for name in (f"{unique_project}-{i}" for i in range(100))
+        if cluster.with_replica(key_slot(job_key(name, "job", "lock").encode()))
+    )
+    channel = release_channel(project)
+    slot = key_slot(job_key(project, "job", "lock").encode())
+    owner = cluster.slot_owner(slot)
+    client = RedisCluster(host=HOST, port=owner.port)  # one seed: the master to be killed
+    store = ClusterLeaseStore(project, client=client, connect_timeout_s=1.0)
+
+    async def listen() -> None:  # as the elector does: again after each failure
+        while True:
+            try:
+                await store.listen_releases(lambda _jobs: None, keepalive_s=1.0)
+            except Exception:
+                await asyncio.sleep(0.05)
+
+    async def claimed() -> bool:
+        try:
+            now_us = int(time.time() * 1_000_000)
+            result = await store.claim("job", str(reply.value), now_us, timeout_s=0.5)
+        except Exception:
+            return False
+        assert result is ClaimResult.CLAIMED, result
+        return True
+
+    listener = asyncio.create_task(listen())
+    try:
+        (reply,) = await store.elect("n1", [LeaseRequest("job", 60.0)])  # the first round
+        assert reply.held
+        await wait_until(lambda: shard_subscribers(owner, channel) == 1, 5.0, "subscribed")
+        if fault == "kill":
+            owner.kill()
+        else:
+            cluster.pause(owner)
+        await asyncio.to_thread(cluster.wait_promoted, owner, slot)
+        promoted = cluster.slot_owner(slot)
+        await wait_until(
+            lambda: shard_subscribers(promoted, channel) == 1,
+            listener_s,
+            "the listener on the promoted replica",
+            poll_s=0.02,
+        )
+        await wait_until(claimed, 1.0, "a claim answered by the promoted replica", poll_s=0.05)
+    finally:
+        listener.cancel()
+        await asyncio.wait({listener})
+        await store.aclose()
+        await client.aclose()
+
+
+async def test_a_slot_map_re_read_asks_a_frozen_slot_master_last(
+    cluster: TestCluster, unique_project: str
+) -> None:
+    """The re-read after a failed call asks the node that served the project's slot last:
+    frozen (SIGSTOP, here for far less than ``cluster-node-timeout``, so no failover), it
+    accepts the connection and answers nothing, and a re-read that asked it first waited
+    out its whole deadline (then failed), in one re-read of three or more (the clients' seeds
+    are the nodes of the last map read: the three masters, or all six nodes)."""
+    slot = key_slot(job_key(unique_project, "job", "lock").encode())
+    owner = cluster.slot_owner(slot)
+    store = ClusterLeaseStore(unique_project, url=cluster.url, connect_timeout_s=0.5)
+    topology = store._topology
+    assert isinstance(topology, ClusterTopology)
+    took: list[float] = []
+    try:
+        await store.elect("n1", [LeaseRequest("job", T)])  # both clients read their map
+        cluster.pause(owner)
+        try:
+            for _ in range(20):  # each re-reads the map of both clients
+                began = time.monotonic()
+                topology.call_failed(TimeoutError("a call to the frozen master"))
+                assert topology._reread is not None
+                await topology._reread
+                took.append(time.monotonic() - began)
+        finally:
+            cluster.resume(owner)
+    finally:
+        await store.aclose()
+    assert max(took) < 0.25, [round(t, 3) for t in took]

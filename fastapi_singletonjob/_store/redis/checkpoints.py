@@ -218,7 +218,7 @@ class RedisCheckpoints:
         """Await ``call``; ``ConnectionError`` past ``timeout_s`` (its connection dropped:
         ``connect.bounded``), ``StoreReadOnly`` from a replica (see ``Topology.read_only``)."""
         try:
-            return await bounded(call, timeout_s, self._topology.calls)
+            return await bounded(call, timeout_s, self._topology)
         except TimeoutError as exc:
             raise ConnectionError(
                 f"Redis at {self._topology.shown} did not {what} within {timeout_s:g}s"

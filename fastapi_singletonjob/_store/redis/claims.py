@@ -70,10 +70,9 @@ class RedisClaims:
             for kind in ("lock", "last")
         ]
         args = [arg for _, claim_args in claims for arg in claim_args]
-        client = self._topology.calls
         try:
             replies: list[int] = await bounded(
-                self._script(keys=keys, args=args), timeout_s, client
+                self._script(keys=keys, args=args), timeout_s, self._topology
             )
         except TimeoutError as exc:
             jobs = sorted({job for job, _ in claims})

@@ -11,6 +11,15 @@ Redis is which node that is, and that it changes:
   own (a retry hidden in one call could outlast the lease it renews): a call to a master that
   just died fails, the elector backs off as for any failure, and the next call goes where the
   refreshed slot map says;
+- a call that fails on its connection, or passes its deadline, re-reads the slot map of both
+  clients (``ClusterTopology.call_failed``), not only of the client it failed on: redis-py
+  re-reads a client's map only at that client's next call after its own connection error,
+  so the release listener (which reads the election's map, and fails on connections of its
+  own) and the claims kept going to a master that died, with a map read before its
+  replica's promotion, until the election's next failed round, a backoff later (issue 26,
+  item 4). Both clients read their map at the first round that answers, while the seeds
+  are known to be up: a client first used after a failover could otherwise start only
+  from seeds that may all be the dead master (``RedisCluster(host, port)`` passed in);
 - release notices use sharded pub/sub (``SPUBLISH``/``SSUBSCRIBE``, Redis 7.0 or newer): the
   notice stays on the slot's shard, and the subscription is one connection to the slot's
   master. When the slot moves, Redis ends the subscription (``sunsubscribe``) or the
@@ -20,13 +29,16 @@ Redis is which node that is, and that it changes:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
-from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.cluster import ClusterNode, NodesManager
 from redis.asyncio.connection import SSLConnection, parse_url
+from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     MovedError,
     NoPermissionError,
@@ -34,7 +46,9 @@ from redis.exceptions import (
     RedisError,
     ResponseError,
 )
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..._aio import within
 from ..._clock import SYSTEM_CLOCK, Clock
 from ..._config.cluster_url import seed_urls
 from ..._config.redact import redact_url
@@ -57,6 +71,11 @@ CLUSTER_CLIENT_SHOWN = "<cluster client passed in>"
 """How logs and errors name the store when the user passed a cluster client."""
 
 _CLUSTER_OPTIONS = frozenset(inspect.signature(RedisCluster.__init__).parameters) - {"self"}
+_DEFERS_FAILED_NODE = all(
+    "last_failed_node_name" in inspect.signature(method).parameters
+    for method in (RedisCluster.initialize, NodesManager.initialize)
+)
+"""redis-py (8.x) can be told which node to ask last when it re-reads the slot map."""
 _NODE_OPTIONS = frozenset(inspect.signature(Redis.__init__).parameters) - {"self"}
 _OWN_OPTIONS = frozenset(
     {
@@ -80,6 +99,15 @@ _OWN_OPTIONS = frozenset(
 """Options the store sets itself, whatever the URL or the user's client says."""
 
 _NOT_A_CLUSTER = "Cluster mode is not enabled"
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionError,  # the store's own, for a call not answered in time
+    TimeoutError,
+    RedisConnectionError,
+    RedisTimeoutError,
+)
+"""Failures after which the slot's master may have changed (it died, or froze and its replica
+took over): the slot map is read again."""
 
 
 def _options_from_url(
@@ -160,6 +188,9 @@ class ClusterTopology:
         self.election = self._cluster(ELECTION_CONNECTIONS)
         self.calls = self._cluster(size)
         self._listen_at: tuple[str, int] | None = None
+        self._reread: asyncio.Task[None] | None = None
+        self._slot = key_slot(channel.encode())  # of every key of the project too
+        self._closed = False
 
     def _cluster(self, max_connections: int) -> RedisCluster:
         return RedisCluster(
@@ -206,9 +237,22 @@ class ClusterTopology:
         return StoreReadOnly(message)
 
     async def check_server(self) -> bool:
-        """See ``Topology.check_server``: on the slot's master, refuse a Redis older than 7.0
-        (no sharded pub/sub, so every release would fail)."""
+        """See ``Topology.check_server``: the calls' client reads its slot map now, and, on
+        the slot's master, refuse a Redis older than 7.0 (no sharded pub/sub, so every
+        release would fail).
+
+        The calls' client would otherwise read its map at its first call, which on a
+        follower is the first claim after it takes a job over, maybe after a failover, and
+        then from the seeds alone: with a client passed in that names one node, the master
+        that just died (issue 26, item 4). Read now, while the election's call has just
+        reached the cluster, its map names every node, and each re-read after that starts
+        from all of them."""
         client = self.election
+        try:
+            await self.calls.initialize()
+        except (RedisError, RedisClusterException) as exc:  # tried again at the next round
+            logger.debug("the claims' client could not read the slot map: %r", exc)
+            return False
         try:
             node = client.get_node_from_key(self._channel)
             info = await client.info(target_nodes=node)
@@ -238,6 +282,11 @@ class ClusterTopology:
         if self._listen_at is not None:
             host, port = self._listen_at
         else:
+            reread = self._reread
+            if reread is not None and not reread.done():
+                # a re-read after a failure is under way: its map, not the one it replaces
+                # (the wait is bounded by the re-read's own deadline; never cancels it)
+                await asyncio.wait({reread})
             # Reads the slot map if the client has none yet, or marked it stale after a
             # connection error (a dead master); else does nothing.
             client = await self.election.initialize()
@@ -250,18 +299,77 @@ class ClusterTopology:
         options = {k: v for k, v in options.items() if k in _NODE_OPTIONS - {"retry_on_timeout"}}
         return Redis(host=host, port=port, single_connection_client=True, **options)
 
+    def call_failed(self, exc: BaseException) -> None:
+        """See ``Topology.call_failed``: after a connection error or a timeout, re-read the
+        slot map of both clients, in a task of its own; at most one re-read is under way at
+        a time (a failure meanwhile shares it), and each ends within ``connect_timeout_s``.
+
+        redis-py re-reads a ``RedisCluster``'s map only at that client's next call after a
+        connection error of its own, and after a call cancelled at its deadline not at all.
+        The release listener reads the election's map but fails on connections of its own.
+        So after a master's SIGKILL the listener kept subscribing at the dead master, with a
+        map read before its replica was promoted, and could not wake the election, which
+        waited out its backoff (seconds, doubling) before its next round failed once more
+        and marked the map stale (issue 26, item 4); after a SIGSTOP (a master that froze:
+        every call times out) no map was re-read at all: no run within 15 s. A re-read at
+        every failure, shared by both clients and the listener, finds the promoted replica
+        at the first failure after the promotion. The cost is a ``CLUSTER SLOTS`` call per
+        client per failure at most, during a failover or an outage."""
+        if self._closed or not isinstance(exc, _CONNECTION_ERRORS):
+            return
+        if self._reread is None or self._reread.done():
+            self._reread = asyncio.get_running_loop().create_task(
+                self._reread_maps(), name="singletonjob-cluster-slot-map"
+            )
+
+    async def _reread_maps(self) -> None:
+        """Read the slot map of both clients again, at once (a client not yet initialised
+        reads it, with the command table, for the first time); failures are the next
+        call's concern."""
+        await asyncio.gather(*(self._reread_map(c) for c in (self.election, self.calls)))
+
+    async def _reread_map(self, client: RedisCluster) -> None:
+        """Read ``client``'s slot map again, asking the node that serves the project's slot
+        in the map it replaces last: that is where the failed call went, and a master that
+        froze (``SIGSTOP``, a partition) accepts the connection but never answers, so asked
+        first it would hold the whole re-read until its deadline."""
+        last: dict[str, Any] = {}
+        serving = client.nodes_manager.slots_cache.get(self._slot)
+        if serving and _DEFERS_FAILED_NODE:
+            last["last_failed_node_name"] = serving[0].name
+        try:
+            await within(self._read_again(client, last), self.connect_timeout_s)
+        except Exception as exc:
+            logger.debug("could not re-read the slot map of %s: %r", self.shown, exc)
+
+    @staticmethod
+    async def _read_again(client: RedisCluster, last: dict[str, Any]) -> None:
+        await client.initialize(**last)  # nothing to do once initialised
+        await client.nodes_manager.initialize(**last)
+
     def subscription_ended(self, exc: BaseException) -> None:
         """See ``Topology.subscription_ended``: after ``MOVED`` (``SSUBSCRIBE`` sent to a node
         that no longer has the slot) the next one goes where it names, else where the slot
-        map says."""
+        map says, re-read first after a connection error or a timeout
+        (``call_failed``)."""
         self._listen_at = (exc.host, int(exc.port)) if isinstance(exc, MovedError) else None
+        if self._listen_at is None:
+            self.call_failed(exc)
 
     async def aclose(self) -> None:
-        """See ``Topology.aclose``: the store's own clients (a user's client stays open)."""
+        """See ``Topology.aclose``: a re-read under way, and the store's own clients (a
+        user's client stays open)."""
+        self._closed = True
+        reread, self._reread = self._reread, None
         try:
-            await self.calls.aclose()
+            if reread is not None:
+                reread.cancel()
+                await asyncio.wait({reread})
         finally:
-            await self.election.aclose()
+            try:
+                await self.calls.aclose()
+            finally:
+                await self.election.aclose()
 
 
 class ClusterLeaseStore(RedisStore):

@@ -16,6 +16,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ..._aio import within
+from .topology import Topology
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -116,9 +117,9 @@ def options_from_client(client: Redis) -> tuple[type[AbstractConnection], dict[s
     return pool.connection_class, {**options, **forced_options()}
 
 
-async def bounded(call: Awaitable[T], timeout_s: float, client: Redis | RedisCluster) -> T:
-    """Await ``call``, a call on ``client``, for at most ``timeout_s`` (then ``TimeoutError``):
-    how every call of the store is bounded.
+async def bounded(call: Awaitable[T], timeout_s: float, topology: Topology) -> T:
+    """Await ``call``, a call on ``topology.calls``, for at most ``timeout_s`` (then
+    ``TimeoutError``): how every call of the store on that client is bounded.
 
     A call past its deadline drops its connection: the call is cancelled, and redis-py
     disconnects a connection whose command was cancelled before its reply was read (checked
@@ -127,11 +128,18 @@ async def bounded(call: Awaitable[T], timeout_s: float, client: Redis | RedisClu
     it without a RST, a failover). The idle connections of ``client`` are dropped too: opened
     over the same path, they are likely as dead, and a call that took one would wait out its
     whole deadline again.
+
+    A call that fails, or passes its deadline, is told to the topology
+    (``Topology.call_failed``): on a cluster, the slot's master may have changed.
     """
     try:
         return await within(call, timeout_s)
-    except TimeoutError:
-        await drop_idle(client)
+    except TimeoutError as exc:
+        topology.call_failed(exc)
+        await drop_idle(topology.calls)
+        raise
+    except Exception as exc:
+        topology.call_failed(exc)
         raise
 
 

@@ -97,7 +97,7 @@ class RedisControls:
         changed = await bounded(
             self._script(keys=keys, args=[self._channel, field, value or ""]),
             timeout_s,
-            self._topology.calls,
+            self._topology,
         )
         return int(changed) == 1
 
@@ -117,7 +117,7 @@ class RedisControls:
         self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     ) -> ClusterData:
         """See ``Store.read_cluster``: two pipelines."""
-        return await bounded(self._read_cluster(list(jobs)), timeout_s, self._topology.calls)
+        return await bounded(self._read_cluster(list(jobs)), timeout_s, self._topology)
 
     async def _read_cluster(self, extra: list[str]) -> ClusterData:
         project, client = self._project, self._topology.calls

@@ -54,7 +54,7 @@ class RedisOverdue:
             keys.extend(self._keys(check.job))
             deadline = "" if check.deadline is None else str(to_unix_us(check.deadline))
             args.extend((check.job, check.anchor, deadline, int(check.can_tell)))
-        reply = await bounded(self._script(keys=keys, args=args), timeout_s, self._topology.calls)
+        reply = await bounded(self._script(keys=keys, args=args), timeout_s, self._topology)
         seconds, micros, *rest = reply
         now = _EPOCH + timedelta(seconds=int(seconds), microseconds=int(micros))
         jobs = [

@@ -159,6 +159,10 @@ class SingleServer:
         """See ``Topology.subscriber``: a pool of one connection, with the store's options."""
         return Redis(connection_pool=self._pool(ConnectionPool, 1))
 
+    def call_failed(self, exc: BaseException) -> None:
+        """See ``Topology.call_failed``: nothing to do, as every call goes to the one server
+        (a Sentinel-managed connection looks the primary up again when it reconnects)."""
+
     def subscription_ended(self, exc: BaseException) -> None:
         """See ``Topology.subscription_ended``: the next one connects to the same server."""
 

@@ -121,9 +121,14 @@ class RedisStore:
             # Past the election's deadline (its caller's bound): redis-py drops this call's
             # connection; the idle ones of both pools go too, as likely dead (a silent
             # flow), so that neither the next round nor the next claim or checkpoint read
-            # waits out its deadline on one again.
+            # waits out its deadline on one again; and on a cluster the slot map is read
+            # again (a frozen master's replica may have taken over).
+            self._topology.call_failed(TimeoutError("the election's call passed its deadline"))
             await drop_idle(self._topology.election)
             await drop_idle(self._topology.calls)
+            raise
+        except Exception as exc:
+            self._topology.call_failed(exc)  # a cluster re-reads its slot map
             raise
 
     async def elect(self, node_id: str, requests: Sequence[LeaseRequest]) -> list[LeaseReply]:
@@ -216,6 +221,9 @@ class RedisStore:
             released: int = await self._release(keys=keys, args=args)
         except ReadOnlyError as exc:
             raise await self._topology.read_only("a read-only replica") from exc
+        except Exception as exc:
+            self._topology.call_failed(exc)  # a cluster re-reads its slot map
+            raise
         return int(released)
 
     async def claim(
@@ -240,7 +248,11 @@ class RedisStore:
 
     async def ping(self) -> None:
         """See ``Store.ping``."""
-        await self._topology.ping()
+        try:
+            await self._topology.ping()
+        except Exception as exc:
+            self._topology.call_failed(exc)  # a cluster re-reads its slot map
+            raise
 
     async def aclose(self) -> None:
         """Close this store's own clients and pools; a user's client stays open."""

@@ -98,6 +98,13 @@ class Topology(Protocol):
         carries the project's notices."""
         ...
 
+    def call_failed(self, exc: BaseException) -> None:
+        """A call of the store failed with ``exc`` (or passed its deadline: a
+        ``TimeoutError``): where the next calls go may have changed (a cluster re-reads
+        its slot map after a connection error or a timeout). Returns at once; never
+        raises."""
+        ...
+
     def subscription_ended(self, exc: BaseException) -> None:
         """A release subscription ended with ``exc``: where the next one connects may
         change (a cluster follows a ``MOVED`` reply)."""
