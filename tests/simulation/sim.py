@@ -137,6 +137,8 @@ FaultKind = Literal[
     "stop",  # graceful shutdown of the node
     "crash",  # the process dies: no release
     "start",  # a stopped or crashed node starts again (a new instance)
+    "schedule_fails",  # the node's schedule of job fails (a custom schedule's bug): the
+    # node retires the job until it starts again
 ]
 _LINK_FAULTS = frozenset({"slow_reply", "lost_reply", "lost_request", "silent", "claims_down"})
 LEADER = -1
@@ -219,6 +221,9 @@ def _describe_fault(fault: Fault) -> str:
         "restart": f"store restarts, loses {fault.flag or 'locks'}, down {fault.value:.3f}s",
         "foreign": f"j{fault.job} lock := {fault.flag!r} for {fault.value:.3f}s",
         "delete": f"DEL lock of j{fault.job}",
+        "schedule_fails": f"schedule of j{fault.job} fails",
+        "silent": f"flow to the store silent {fault.value:.3f}s",
+        "claims_down": f"claims unanswered {fault.value:.3f}s",
         "wall_step": f"wall clock steps {fault.value:+.4f}s",
         "pause": f"event loop blocked {fault.value:.4f}s",
         "suspend": f"suspended {fault.value:.4f}s",
@@ -949,6 +954,13 @@ def leads(instance: Instance, clock: NodeClock, job: str) -> bool:
     return lease.token is not None and clock.monotonic() < lease.deadline
 
 
+def fail_schedule(instance: Instance, job: str) -> None:
+    """The node's schedule of ``job`` raises, as a custom schedule's bug would: the timer
+    stops the job there and the engine retires it (``Ticker._crash``)."""
+    ticker = instance.engine.ticker
+    ticker._crash(ticker._slots[job], RuntimeError("injected: the schedule failed"))
+
+
 def schedule_errors(instance: Instance) -> list[str]:
     """Why jobs' schedules stopped on this node, if any did."""
     return [
@@ -1077,6 +1089,9 @@ class SimNode:
         calls faulted, its loop blocked, its clock stepped (see ``Simulation.check_liveness``)."""
         self.down: list[tuple[float, float]] = []
         """True-time spans in which this node was stopped or dead."""
+        self.retired: dict[str, list[tuple[float, float]]] = {}
+        """Per job: true-time spans in which this node's schedule of it had failed
+        (``schedule_fails``, until the node starts again)."""
         self.instance: Instance | None = None
         self.stop_task: asyncio.Task[None] | None = None
 
@@ -1108,6 +1123,16 @@ class SimNode:
             self.claims_silent_until = max(self.claims_silent_until, now + fault.value)
             self.sick.append((now, now + fault.value))
 
+    def fail_schedule(self, job: str, now: float) -> None:
+        """``schedule_fails``: a running node's schedule of ``job`` fails (once a start)."""
+        instance = self.instance
+        if instance is None or instance.stopping or not instance.tasks:
+            return
+        spans = self.retired.setdefault(job, [])
+        if not spans or not math.isinf(spans[-1][1]):
+            spans.append((now, math.inf))
+            fail_schedule(instance, job)
+
     # lifecycle
 
     @property
@@ -1119,6 +1144,9 @@ class SimNode:
             return
         if self.down and math.isinf(self.down[-1][1]):
             self.down[-1] = (self.down[-1][0], _true_now())
+        for spans in self.retired.values():  # a new instance has its schedules afresh
+            if spans and math.isinf(spans[-1][1]):
+                spans[-1] = (spans[-1][0], _true_now())
         instance = build_instance(self)
         self.instance = instance
         instance.starting = asyncio.create_task(self._start(instance), name=f"{self.name} start")
@@ -1415,7 +1443,8 @@ class Simulation:
         for node in self.nodes:
             if node.alive and node.instance is not None:
                 for error in schedule_errors(node.instance):
-                    self.violate("loop_died", f"{node.name}: the schedule failed: {error}")
+                    if "injected: the schedule failed" not in error:
+                        self.violate("loop_died", f"{node.name}: the schedule failed: {error}")
 
     def check_liveness(self, end: float) -> None:
         """Invariant (g): while a node is healthy (alive, its calls answered, its event loop
@@ -1430,7 +1459,8 @@ class Simulation:
                 [(r.start, r.counted_until(end)) for r in self.runs if r.job == job], 0.0, end
             )
             for node in self.nodes:
-                for h0, h1 in _gaps(node.down + node.sick + self.excused_idle[job], 0.0, end):
+                unhealthy = node.down + node.sick + node.retired.get(job, [])
+                for h0, h1 in _gaps(unhealthy + self.excused_idle[job], 0.0, end):
                     healthy_from = h0 + LIVENESS_LEAD_S if h0 > 0 else h0
                     for i0, i1 in idle:
                         bound = liveness_bound_s(kind) + self._chain_allowance(job, i0, i1)
@@ -1495,14 +1525,7 @@ class Simulation:
             self.server.delete(job)
             self.losses[job].append(now)
         elif fault.kind == "wall_step":
-            node.clock.wall_offset_s += fault.value
-            # Instants claimed by a node ahead are refused to the others until their clocks
-            # reach them; a node behind finds its instants claimed: either runs nothing for
-            # the step's length, and a node more than the claims' limit ahead nothing at all.
-            for name in self.job_names:
-                self.excused_idle[name].append((now, now + abs(fault.value) + TTL_S))
-            if node.clock.wall_offset_s > DEFAULT_MAX_AHEAD_US / 1e6 - 2 * LATENCY_S:
-                node.sick.append((now, math.inf))
+            self._wall_step(node, fault.value, now)
         elif fault.kind in ("pause", "suspend"):
             node.clock.block(fault.value, suspend=fault.kind == "suspend")
             node.sick.append((now, now + fault.value))
@@ -1512,6 +1535,18 @@ class Simulation:
             node.crash()
         elif fault.kind == "start":
             node.start()
+        elif fault.kind == "schedule_fails":
+            node.fail_schedule(job, now)
+
+    def _wall_step(self, node: SimNode, step_s: float, now: float) -> None:
+        node.clock.wall_offset_s += step_s
+        # Instants claimed by a node ahead are refused to the others until their clocks
+        # reach them; a node behind finds its instants claimed: either runs nothing for
+        # the step's length, and a node more than the claims' limit ahead nothing at all.
+        for name in self.job_names:
+            self.excused_idle[name].append((now, now + abs(step_s) + TTL_S))
+        if node.clock.wall_offset_s > DEFAULT_MAX_AHEAD_US / 1e6 - 2 * LATENCY_S:
+            node.sick.append((now, math.inf))
 
     # the run
 

@@ -13,6 +13,7 @@ a test that passes for nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -152,6 +153,27 @@ KNOWN = {
         lambda sim: (
             [node for _, node, _, _ in sim.terms["j0"]] == ["n0", "n1"]
             and sim.terms["j0"][1][2] < 1.5 + 1.0 + 0.3 * 2  # within a lock expiry and two beats
+        ),
+    ),
+    # 7. Issue 26, item 2: with placement="spread", the leader's schedule of j0 fails at 1 s
+    # (a custom schedule's bug); it retires the job, and must leave it out of its membership
+    # record, or the other node hands j0 back to it again and again (at 8a9ec66: 14 times in
+    # 8 s, 10 runs of 30). Without ``Membership.drop_jobs`` in ``Engine._retire`` this
+    # schedule breaks invariant (g): j0 ran nowhere for 3.7 s.
+    "7-spread-hands-a-job-to-a-node-that-retired-it": Known(
+        Scenario(
+            TWO_NODES,
+            (JobConfig("fixed_rate", "finish"), JobConfig("fixed_rate", "finish")),
+            (
+                Fault(1.0, "schedule_fails", job=0),
+                Fault(6.0, "pause", node=1, value=0.0),  # a longer schedule: nothing else
+            ),
+            seed=1,
+            placement="spread",
+        ),
+        lambda sim: (
+            sim.nodes[0].retired.get("j0") == [(1.0, math.inf)]
+            and len([r for r in sim.runs if r.job == "j0" and r.node == "n1" and r.start > 5]) > 8
         ),
     ),
 }

@@ -60,7 +60,7 @@ GRAY_FAULTS: tuple[FaultKind, ...] = ("silent", "claims_down", "lost_reply", "sl
 """Faults with no error: a flow gone silent, claims that never return while the election is
 answered, a reply that never comes or comes late."""
 NODE_FAULTS: tuple[FaultKind, ...] = (
-    "wall_step", "pause", "suspend", "stop", "crash", "start"
+    "wall_step", "pause", "suspend", "stop", "crash", "start", "schedule_fails"
 )  # fmt: skip
 
 
@@ -195,7 +195,8 @@ def test_store_faults(scenario: Scenario) -> None:
 @settings(PROFILE)
 @given(scenarios(NODE_FAULTS))
 def test_node_faults(scenario: Scenario) -> None:
-    """Clock skews and steps, pauses, suspends, graceful stops, crashes and restarts."""
+    """Clock skews and steps, pauses, suspends, graceful stops, crashes and restarts, and a
+    node's schedule of a job that fails (it retires the job)."""
     check(scenario)
 
 
