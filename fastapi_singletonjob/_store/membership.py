@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -21,7 +21,16 @@ from .._config.settings import MAX_DURATION_S
 from .._odd import deleted, odd_value
 from .._version import __version__
 
-__all__ = ["DROPPED", "MAX_RECORD_TTL_S", "VERSION", "MemberRecord", "Membership", "jobs_digest"]
+__all__ = [
+    "DROPPED",
+    "MAX_RECORD_TTL_S",
+    "VERSION",
+    "MemberRecord",
+    "Membership",
+    "jobs_digest",
+    "same_definitions",
+    "same_jobs",
+]
 
 MAX_RECORD_TTL_S = MAX_DURATION_S
 """The longest a record lives without a renewal: the longest lock expiry the settings accept.
@@ -101,10 +110,29 @@ class MemberRecord:
         return record
 
 
-def jobs_digest(jobs: Iterable[str]) -> str:
-    """A short digest of a set of job names: nodes with equal digests run the same jobs."""
-    text = "\n".join(sorted(jobs)).encode()
-    return hashlib.blake2b(text, digest_size=8).hexdigest()
+def jobs_digest(jobs: Mapping[str, str]) -> str:
+    """A short digest of a node's jobs (name -> schedule as text), in two parts joined by
+    ``.``: of the names, and of the names with their schedules. Nodes with equal first parts
+    run the same jobs (``same_jobs``: placement); nodes with equal digests define them alike
+    too (``same_definitions``); only when those differ does a node read the other's record to
+    compare the schedules job by job (``_election.definitions``)."""
+    names = "\n".join(sorted(jobs)).encode()
+    both = "\n".join(f"{name}\t{jobs[name]}" for name in sorted(jobs)).encode()
+    return f"{_digest(names)}.{_digest(both)}"
+
+
+def same_jobs(digest: str, other: str) -> bool:
+    """Whether two ``jobs_digest`` values are of the same job names."""
+    return digest.partition(".")[0] == other.partition(".")[0]
+
+
+def same_definitions(digest: str, other: str) -> bool:
+    """Whether two ``jobs_digest`` values are of the same jobs with the same schedules."""
+    return digest == other
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
 class Membership:
