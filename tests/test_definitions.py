@@ -12,7 +12,7 @@ import asyncio
 import io
 import json
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -238,3 +238,60 @@ async def test_two_services_on_one_redis_project_are_told_apart(
     finally:
         await b.stop()
         await a.stop()
+
+
+class EveryMinute:
+    """A custom schedule with the default ``repr`` (its memory address differs per instance)."""
+
+    def next_fire(self, after: datetime) -> datetime | None:
+        return after.replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+
+async def test_custom_schedules_compare_without_addresses_and_misfire_settings_count(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two nodes with one custom schedule class (two instances, two addresses) agree; a
+    ``misfire`` setting that changes which instants a new leader runs is a difference."""
+    caplog.set_level(logging.INFO, logger="fastapi_singletonjob")
+    url = f"memory://defs-{id(clock)}"
+    nodes = []
+    for node_id, misfire in (("a-1", "run_once"), ("a-2", "run_once"), ("b-1", "skip")):
+        jobs = SingletonJobs(
+            url, project="myapp", node_id=node_id, clock=clock, heartbeat_interval=HEARTBEAT_S
+        )
+
+        @jobs.schedule("minutely", EveryMinute(), misfire=misfire)  # type: ignore[arg-type]
+        async def minutely_job() -> None:
+            pass
+
+        @jobs.cron("nightly", "0 3 * * *", misfire_grace=600.0)
+        async def nightly_job() -> None:
+            pass
+
+        nodes.append(jobs)
+    a1, a2, b1 = nodes
+    await a1.start()
+    await a2.start()
+    try:
+        await clock.advance(5 * HEARTBEAT_S)
+        assert warnings_of(caplog) == [] and (reads(a1), reads(a2)) == (0, 0)
+        view = await a1.cluster_status()
+        minutely = next(job for job in view.jobs if job.name == "minutely")
+        assert minutely.conflicts == [] and minutely.schedule is not None
+        assert " at 0x" not in minutely.schedule and "EveryMinute object" in minutely.schedule
+        nightly = next(job for job in view.jobs if job.name == "nightly")
+        assert nightly.schedule == 'cron "0 3 * * *" UTC, misfire_grace=600s'
+
+        await b1.start()
+        await clock.advance(5 * HEARTBEAT_S)
+        said = warnings_of(caplog)
+        assert len(said) == 3, said  # b-1 about a-1 and a-2 in one line, each a-* about b-1
+        [on_b] = [text for text in said if "this node (b-1)" in text]
+        assert "nodes a-1, a-2 announce" in on_b and "misfire='skip'" in on_b
+        view = await a1.cluster_status()
+        minutely = next(job for job in view.jobs if job.name == "minutely")
+        assert [v.nodes for v in minutely.conflicts] == [["a-1", "a-2"], ["b-1"]]
+        assert next(job for job in view.jobs if job.name == "nightly").conflicts == []
+    finally:
+        for jobs in reversed(nodes):
+            await jobs.stop()

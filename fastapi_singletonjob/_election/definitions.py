@@ -140,8 +140,11 @@ class DefinitionCheck:
         shown = ", ".join(nodes[:SHOWN_NODES])
         if len(nodes) > SHOWN_NODES:
             shown += f" and {len(nodes) - SHOWN_NODES} more"
+        who, verb = (
+            (f"node {shown}", "announces") if len(nodes) == 1 else (f"nodes {shown}", "announce")
+        )
         if leader == self._node_id:
-            runs = f"this node leads it now, so the schedule of node {shown} does not run"
+            runs = f"this node leads it now, so the schedule of {who} does not run"
         elif leader in nodes:
             runs = f"node {leader} leads it now, so this node's schedule does not run"
         elif leader is not None:
@@ -149,12 +152,13 @@ class DefinitionCheck:
         else:
             runs = "one node leads it"
         logger.warning(
-            "the schedule of job %r differs between nodes: node %s announces %r, this node "
+            "the schedule of job %r differs between nodes: %s %s %r, this node "
             "(%s) %r. They elect one leader for it and only the leader's schedule runs (%s). "
             "If these are two services on one project, %s; during a rolling deploy that "
             "changes the schedule this lasts until the last old replica is gone",
             job,
-            shown,
+            who,
+            verb,
             theirs,
             self._node_id,
             ours,
