@@ -6,6 +6,11 @@ whichever node calls next. The record is sent whole only when it is new, when it
 job retired: its schedule ended or failed) or when Redis lost it, so a round costs the same
 bytes whatever the number of jobs. Readers (the cluster view, the CLI) learn from the records
 which nodes are alive and which jobs exist, without job definitions of their own.
+
+Each node's placement entry carries the digest of its jobs (``jobs_digest``), which every node
+reads with the placement when the membership changes: by its names part, placement knows which
+nodes run the same jobs; by the whole, a node knows which members define them otherwise and
+reads only their records to compare the schedules (``_election.definitions``).
 """
 
 from __future__ import annotations
