@@ -18,6 +18,7 @@ import httpx
 import pytest
 from fake_nodes import stop
 from fastapi import FastAPI
+from servers import RedisServer
 from waiting import wait_until
 
 from fastapi_singletonjob import ClusterStatus, SingletonJobs
@@ -199,12 +200,20 @@ async def test_alike_definitions_flag_nothing(
 
 @pytest.mark.redis
 async def test_two_services_on_one_redis_project_are_told_apart(
-    redis_url: str, unique_project: str, caplog: pytest.LogCaptureFixture
+    redis_server: RedisServer, redis_url: str, unique_project: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two ``SingletonJobs`` in one process on a real redis-server, one project, two
     schedules of ``cleanup``: both warn once, ``cluster_status`` flags the job, and the CLI's
-    ``status`` (its own connection, its own event loop) shows it."""
+    ``status`` (its own connection, its own event loop) shows it. Each node read the other's
+    record once (one ``HMGET`` each, counted by the server), however many rounds."""
     caplog.set_level(logging.INFO, logger="fastapi_singletonjob")
+
+    def hmgets() -> int:
+        with redis_server.client() as client:
+            stats = client.info("commandstats")
+        return int(stats.get("cmdstat_hmget", {}).get("calls", 0))
+
+    before = hmgets()
 
     def make(node_id: str, every_s: float, extra: str) -> SingletonJobs:
         return service(
@@ -235,6 +244,7 @@ async def test_two_services_on_one_redis_project_are_told_apart(
         assert "interval every 2s  on b-1" in out.getvalue()
         await asyncio.sleep(0.5)  # five more rounds each: still one warning per node
         assert len(warnings_of(caplog)) == 2, warnings_of(caplog)
+        assert hmgets() - before == 2
     finally:
         await b.stop()
         await a.stop()

@@ -757,3 +757,17 @@ async def test_redis_listener_keepalive_rides_on_the_election_call(
     assert electing.get("cmdstat_publish", 0) >= 2, "echoes published by the ELECT script"
     assert heard == [], "an echo is no release notice"
     assert idle.get("cmdstat_ping", 0) >= 1, idle
+
+
+async def test_read_members_gives_the_stored_records_of_the_owners_asked_for(
+    case: Case,
+) -> None:
+    """``read_members`` (how a node compares its job definitions with a member's whose digest
+    differs): the records stored, by owner id; an owner without one is left out."""
+    store = case.store
+    assert await store.read_members(["n1#1"]) == {}
+    record = MemberRecord("n1", "n1#1", "0", NOW, {"cleanup": "interval every 2s"}, 5)
+    store.announce(Membership(record))
+    await store.elect("n1#1", [LeaseRequest("cleanup", TTL_S)])
+    assert await store.read_members(["nobody#0", "n1#1"]) == {"n1#1": record}
+    assert await store.read_members([]) == {}
