@@ -33,6 +33,7 @@ from ._aio import within
 from ._clock import SYSTEM_CLOCK
 from ._config.redact import redact_url
 from ._config.settings import Settings
+from ._election.definitions import FIX
 from ._errors import ConfigurationError, JobNotFound
 from ._history import MAX_HISTORY, MISSED_REASONS, check_limit
 from ._store.base import DEFAULT_CONTROL_TIMEOUT_S, STORE_ERRORS
@@ -393,7 +394,7 @@ def render(view: ClusterStatus) -> str:
         jobs.append(
             (
                 job.name,
-                job.schedule or "-",
+                (job.schedule or "-") + (" (differs, see below)" if job.conflicts else ""),
                 job.leader or "-",
                 "-" if job.lease_time_left_s is None else f"{job.lease_time_left_s:.1f}s",
                 "yes" if job.paused else "no",
@@ -410,4 +411,24 @@ def render(view: ClusterStatus) -> str:
             ("JOB", "SCHEDULE", "LEADER", "LEASE LEFT", "PAUSED", "LAST RUN", "OUTCOME", "OVERDUE"),
             jobs,
         )
+        + _differences(view)
     )
+
+
+def _differences(view: ClusterStatus) -> str:
+    """The jobs whose schedules differ between the live nodes, each schedule with its nodes
+    (empty when there are none)."""
+    differing = [job for job in view.jobs if job.conflicts]
+    if not differing:
+        return ""
+    lines = ["", "SCHEDULES THAT DIFFER between nodes (only the leader's runs):"]
+    for job in differing:
+        lines.append(f"  job {job.name!r}, led by {job.leader or 'no node'}:")
+        lines += [
+            f"    {variant.schedule}  on {', '.join(variant.nodes)}" for variant in job.conflicts
+        ]
+    lines.append(
+        f"  Two services on one project? {FIX[0].upper()}{FIX[1:]}; during a rolling deploy "
+        "that changes a schedule this lasts until the last old replica is gone."
+    )
+    return "\n".join(printable(line) for line in lines) + "\n"

@@ -166,7 +166,7 @@ def spreader_of(node_id: str, members: list[str], jobs: list[str]) -> tuple[Spre
     running ``jobs``), and its clock, a heartbeat (0.1 s) past the membership's change."""
     record = MemberRecord(node_id, f"{node_id}#0", "t", datetime.now(UTC), ttl_s=0.5)
     membership = Membership(record)
-    membership.digest = jobs_digest(jobs)
+    membership.digest = jobs_digest(dict.fromkeys(jobs, "interval every 1s"))
     flat = [item for node in members for item in (f"{node}#0", f"0|{membership.digest}")]
     membership.placed(10_000, "1", flat)
     clock = FakeClock()

@@ -370,15 +370,15 @@ async def test_an_updated_membership_record_is_stored_whole_with_its_new_digest(
     assert is_stored(member)
     joined, digest = member.peers["n1#1"]
     epoch = member.epoch
-    assert digest == jobs_digest(["a", "b"])
+    assert digest == jobs_digest({"a": "x", "b": "y"})
 
     member.drop_jobs(["b"])
-    assert not is_stored(member) and member.digest == jobs_digest(["a"])
+    assert not is_stored(member) and member.digest == jobs_digest({"a": "x"})
     await store.elect("n1#1", [LeaseRequest("a", TTL_S)])
 
     assert is_stored(member)
     assert member.epoch != epoch
-    assert member.peers["n1#1"] == (joined, jobs_digest(["a"]))
+    assert member.peers["n1#1"] == (joined, jobs_digest({"a": "x"}))
     if not isinstance(store, ClusterLeaseStore):  # read_cluster fails there: a pipelined TIME
         read = await store.read_cluster()
         [stored] = [m for m, _ in read.members if m.owner == "n1#1"]
@@ -874,3 +874,17 @@ async def test_redis_listener_keepalive_rides_on_the_election_call(
     assert electing.get("cmdstat_publish", 0) >= 2, "echoes published by the ELECT script"
     assert heard == [], "an echo is no release notice"
     assert idle.get("cmdstat_ping", 0) >= 1, idle
+
+
+async def test_read_members_gives_the_stored_records_of_the_owners_asked_for(
+    case: Case,
+) -> None:
+    """``read_members`` (how a node compares its job definitions with a member's whose digest
+    differs): the records stored, by owner id; an owner without one is left out."""
+    store = case.store
+    assert await store.read_members(["n1#1"]) == {}
+    record = MemberRecord("n1", "n1#1", "0", NOW, {"cleanup": "interval every 2s"}, 5)
+    store.announce(Membership(record))
+    await store.elect("n1#1", [LeaseRequest("cleanup", TTL_S)])
+    assert await store.read_members(["nobody#0", "n1#1"]) == {"n1#1": record}
+    assert await store.read_members([]) == {}

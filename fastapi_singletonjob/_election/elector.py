@@ -23,9 +23,11 @@ from .._checkpoint import to_unix_us
 from .._clock import Clock
 from .._lock_value import OWNER_SEPARATOR
 from .._store.base import ClaimResult, LeaseReply, LeaseRequest, ReleaseListener, Store
+from .._store.membership import Membership
 from .._store.refusals import Refusal, refusal
 from .._telemetry import Telemetry
 from .._timing import call_timeout_s, next_attempt_delay, refused_backoff_s
+from .definitions import DefinitionCheck
 from .interest import Interest, soonest_end_s
 from .lease import Lease, LeaseView
 from .placement import Spreader
@@ -178,6 +180,13 @@ class Elector:
         with either placement who watches it while another node holds it."""
         self._placing = self._spreader if placement == "spread" else None
         """The spreader when it also decides who leads (``placement="spread"``), else None."""
+        self.definitions = DefinitionCheck(
+            node_id=node_id, owner=self.owner, clock=clock, retry_s=self._longest_ttl_s
+        )
+        """Whether the other members define this node's jobs alike (two services on one
+        project): the records it reads, the differences it logs."""
+        self._reading: asyncio.Task[None] | None = None
+        """The read of the records ``definitions`` asked for, while it runs."""
         self._interest = Interest(
             list(self.leases),
             spreader=self._spreader,
@@ -332,7 +341,8 @@ class Elector:
                 delay = await self.round()
                 await self._pause(delay)  # or at a notice; terms end at their deadlines
         finally:
-            await self._supervisor.cancel(helpers)
+            reading = [self._reading] if self._reading is not None else []
+            await self._supervisor.cancel(helpers + reading)
 
     async def _pause(self, delay_s: float) -> None:
         """Wait ``delay_s`` until the next round, or less: until a round is asked for now,
@@ -401,6 +411,7 @@ class Elector:
         else:
             self._telemetry.election_round(self._clock.monotonic() - sent_at, None)
             self._on_success(sent_at, replies)
+            self._compare_definitions()
         finally:
             self.last_round_at = self._clock.monotonic()
         resigned = [x.job for x in self.leases.values() if not x.wanted and x.value is not None]
@@ -464,6 +475,39 @@ class Elector:
             self.terms.rest(job)
         if jobs:
             await self.release(jobs)
+
+    def _compare_definitions(self) -> None:
+        """Compare this node's job definitions with the other members' (``DefinitionCheck``):
+        at once from the records read, or once the records it asks for are read, in a task
+        of their own, so that the election round never waits for them."""
+        member = self._store.membership
+        if member is None or member.left or member.server_ms is None:
+            return
+        if self._reading is not None and not self._reading.done():
+            return
+        owners = self.definitions.to_read(member)
+        if not owners:
+            self.definitions.update(member, self._leader_of)
+            return
+        self._reading = self._supervisor.start(
+            self._read_definitions(member, owners),
+            name=f"singletonjob {self.node_id} definitions read",
+            forever=False,
+        )
+
+    async def _read_definitions(self, member: Membership, owners: list[str]) -> None:
+        timeout_s = call_timeout_s(self._longest_ttl_s, self._heartbeat_s)
+        try:
+            records = await within(self._store.read_members(owners, timeout_s=timeout_s), timeout_s)
+        except Exception as exc:  # asked again later: the comparison is no election's business
+            logger.debug("node %s could not read the records of %s: %r", self.node_id, owners, exc)
+            records = {}
+        self.definitions.read(member, owners, records)
+        self.definitions.update(member, self._leader_of)
+
+    def _leader_of(self, job: str) -> str | None:
+        lease = self.leases.get(job)
+        return None if lease is None else lease.holder
 
     def _on_success(self, sent_at: float, replies: list[LeaseReply]) -> None:
         if self.failures:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._lock_value import node_of
+from .._store.membership import same_jobs
 from .lease import Lease
 
 if TYPE_CHECKING:
@@ -338,7 +339,7 @@ class Spreader:
         candidates: dict[str, Candidate] = {}
         for owner, (_, digest) in sorted(member.peers.items()):
             node = node_of(owner) or owner
-            jobs = mine if digest == member.digest else frozenset()
+            jobs = mine if same_jobs(digest, member.digest) else frozenset()
             settled_here = owner in settled or candidates.get(node, _NOBODY).settled
             candidates[node] = Candidate(node, jobs, settled_here)
         before = self._placement.live

@@ -182,7 +182,7 @@ class Engine:
             owner=self.elector.owner,
             version=VERSION,
             started_at=self.clock.now(),
-            jobs={spec.name: str(spec.schedule) for spec in enabled},
+            jobs={spec.name: spec.announced for spec in enabled},
             ttl_s=self._longest_lease_s,
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
@@ -28,6 +29,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("fastapi_singletonjob")
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+"""The memory address in an object's default ``repr``."""
 
 MIN_MISFIRE_GRACE_S = 0.05
 """A run starts a few milliseconds after its instant (timer resolution, the event loop's
@@ -119,6 +123,20 @@ class JobSpec:
             )
         # Resolve the parameters now, so that a bad one fails at registration, not at a tick.
         object.__setattr__(self, "call", JobCall(self.name, self.func))
+
+    @property
+    def announced(self) -> str:
+        """The job's schedule as this node announces it to the others (``MemberRecord.jobs``),
+        which compare it with their own: the schedule as text, then the settings that change
+        which instants run when they are not the defaults (``misfire``, ``misfire_grace``).
+        A custom schedule's default ``repr`` loses its memory address, which differs from
+        process to process."""
+        text = _ADDRESS.sub("", str(self.schedule))
+        if self.misfire != "run_once":
+            text += f", misfire={self.misfire!r}"
+        if self.misfire_grace_s is not None:
+            text += f", misfire_grace={self.misfire_grace_s:g}s"
+        return text
 
     @property
     def is_async(self) -> bool:

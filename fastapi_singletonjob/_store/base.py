@@ -385,3 +385,11 @@ class Store(Protocol):
         """The members, the controls, and every job that a live member registered, that a
         control names, or that ``jobs`` lists: two round trips."""
         ...
+
+    async def read_members(
+        self, owners: Sequence[str], *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    ) -> dict[str, MemberRecord]:
+        """The membership records of ``owners`` that the store holds (one round trip), by
+        owner id: what a node reads, outside its election round, of the members whose jobs
+        digest says they define their jobs otherwise (``_election.definitions``)."""
+        ...

@@ -66,11 +66,12 @@ key                                            type    content
 ``singletonjob:{<project>}:nodes:placement``   hash    owner id -> ``<joined>|<jobs digest>``: when
                                                        the owner's record appeared (ms of the
                                                        server clock) and a digest of its job names
-                                                       (``membership``); ``#epoch`` -> a counter
-                                                       that ``ELECT`` raises whenever an owner
-                                                       joins or leaves; a node reads the hash only
-                                                       when the epoch it knows is not the current
-                                                       one (``_election.placement``)
+                                                       and of its jobs with their schedules
+                                                       (``membership.jobs_digest``); ``#epoch``
+                                                       -> a counter that ``ELECT`` raises whenever
+                                                       an owner joins or leaves; a node reads the
+                                                       hash only when the epoch it knows is not the
+                                                       current one (``_election.placement``)
 ``singletonjob:{<project>}:controls``          hash    operators' controls, no TTL:
                                                        ``paused:<job>`` -> JSON (``at``, ``by``),
                                                        present while the job is paused;

@@ -6,13 +6,18 @@ whichever node calls next. The record is sent whole only when it is new, when it
 job retired: its schedule ended or failed) or when Redis lost it, so a round costs the same
 bytes whatever the number of jobs. Readers (the cluster view, the CLI) learn from the records
 which nodes are alive and which jobs exist, without job definitions of their own.
+
+Each node's placement entry carries the digest of its jobs (``jobs_digest``), which every node
+reads with the placement when the membership changes: by its names part, placement knows which
+nodes run the same jobs; by the whole, a node knows which members define them otherwise and
+reads only their records to compare the schedules (``_election.definitions``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -21,7 +26,16 @@ from .._config.settings import MAX_DURATION_S
 from .._odd import deleted, odd_value
 from .._version import __version__
 
-__all__ = ["DROPPED", "MAX_RECORD_TTL_S", "VERSION", "MemberRecord", "Membership", "jobs_digest"]
+__all__ = [
+    "DROPPED",
+    "MAX_RECORD_TTL_S",
+    "VERSION",
+    "MemberRecord",
+    "Membership",
+    "jobs_digest",
+    "same_definitions",
+    "same_jobs",
+]
 
 MAX_RECORD_TTL_S = MAX_DURATION_S
 """The longest a record lives without a renewal: the longest lock expiry the settings accept.
@@ -101,10 +115,35 @@ class MemberRecord:
         return record
 
 
-def jobs_digest(jobs: Iterable[str]) -> str:
-    """A short digest of a set of job names: nodes with equal digests run the same jobs."""
-    text = "\n".join(sorted(jobs)).encode()
-    return hashlib.blake2b(text, digest_size=8).hexdigest()
+def jobs_digest(jobs: Mapping[str, str]) -> str:
+    """A short digest of a node's jobs (name -> schedule as text): 8 hex digits of the names,
+    then 8 of the names with their schedules (16 in all, as long as the names' digest alone
+    was: an election call carries it, and costs the same bytes). Nodes with equal first halves
+    run the same jobs (``same_jobs``: placement); nodes with equal digests define them alike
+    too (``same_definitions``); only when those differ does a node read the other's record to
+    compare the schedules job by job (``_election.definitions``)."""
+    names = "\n".join(sorted(jobs)).encode()
+    both = "\n".join(f"{name}\t{jobs[name]}" for name in sorted(jobs)).encode()
+    return _digest(names) + _digest(both)
+
+
+def same_jobs(digest: str, other: str) -> bool:
+    """Whether two ``jobs_digest`` values are of the same job names."""
+    return digest[:_HALF] == other[:_HALF]
+
+
+def same_definitions(digest: str, other: str) -> bool:
+    """Whether two ``jobs_digest`` values are of the same jobs with the same schedules."""
+    return digest == other
+
+
+_HALF = 8
+"""Hex digits in each half of a jobs digest (32 bits: two different job sets, or two
+definitions, look alike about once in four billion pairs)."""
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=_HALF // 2).hexdigest()
 
 
 class Membership:

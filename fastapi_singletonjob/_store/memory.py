@@ -358,6 +358,19 @@ class MemoryLeaseStore:
             )
         return ClusterData(now=now, members=members, controls=controls, jobs=data)
 
+    async def read_members(
+        self, owners: Sequence[str], *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    ) -> dict[str, MemberRecord]:
+        """See ``Store.read_members``."""
+        await asyncio.sleep(0)
+        mono, found = self._clock.monotonic(), {}
+        for owner in owners:
+            text, expiry = self._data.members.get(self._key(owner), ("", 0.0))
+            record = MemberRecord.from_json(owner, text) if expiry > mono else None
+            if record is not None:
+                found[owner] = record
+        return found
+
     # Checkpoints, as RECORD_RUN and SAVE_STATE write them
 
     async def record_runs(

@@ -266,11 +266,28 @@ class ClusterNode(BaseModel):
     leads: list[str] = Field(description="The jobs whose lock it holds now.")
 
 
+class ScheduleVariant(BaseModel):
+    """One of the schedules that the live nodes announce for a job they do not agree on."""
+
+    schedule: str
+    nodes: list[str] = Field(description="The live nodes that announce this schedule.")
+
+
 class ClusterJob(BaseModel):
     """One job, as stored."""
 
     name: str
-    schedule: str | None = Field(description="As the nodes that registered it announce it.")
+    schedule: str | None = Field(
+        description="As the nodes that registered it announce it; when they differ "
+        "(conflicts), the leader's, which is the one that runs."
+    )
+    conflicts: list[ScheduleVariant] = Field(
+        default_factory=list,
+        description="Empty while every live node that registered the job announces one "
+        "schedule; else each schedule with its nodes: two services on one project (give "
+        "each its own project=, or make the definitions match), or a rolling deploy that "
+        "changes it. Only the leader's schedule runs.",
+    )
     nodes: list[str] = Field(description="Live nodes that registered it.")
     leader: str | None = Field(description="Node id of the lock's holder, if any.")
     fencing_token: int | None

@@ -30,6 +30,7 @@ from .models import (
     JobStatus,
     LastRun,
     NodeStatus,
+    ScheduleVariant,
     StoreStatus,
 )
 from .source import StatusSource
@@ -224,20 +225,31 @@ def cluster_view(project: str, data: ClusterData) -> ClusterStatus:
 
 def _cluster_job(data: ClusterData, job: JobData) -> ClusterJob:
     token, holder = parse_lock_value(job.value)
-    registered = [
+    registered = sorted(
         (record.node_id, record.jobs[job.name])
         for record, _ in data.members
         if job.name in record.jobs
-    ]
+    )
     paused = data.controls.get(_keys.control_field("paused", job.name))
     pending = [
         control
         for control in ("trigger", "step-down")
         if _keys.control_field(control, job.name) in data.controls
     ]
+    leader = node_of(holder) if token is not None else None
+    variants: dict[str, set[str]] = {}
+    for node, schedule in registered:
+        variants.setdefault(schedule, set()).add(node)
+    led = [schedule for node, schedule in registered if node == leader]
     return ClusterJob(
         name=job.name,
-        schedule=registered[0][1] if registered else None,
+        schedule=led[0] if led else (registered[0][1] if registered else None),
+        conflicts=[
+            ScheduleVariant(schedule=schedule, nodes=sorted(nodes))
+            for schedule, nodes in sorted(variants.items())
+        ]
+        if len(variants) > 1
+        else [],
         nodes=sorted({node for node, _ in registered}),
         leader=node_of(holder) if token is not None else (holder and shown_lock_value(holder)),
         fencing_token=token,

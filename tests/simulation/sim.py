@@ -89,7 +89,7 @@ from fastapi_singletonjob._store.base import (
     OverdueState,
     ReleaseListener,
 )
-from fastapi_singletonjob._store.membership import Membership
+from fastapi_singletonjob._store.membership import MemberRecord, Membership
 from fastapi_singletonjob._telemetry import Telemetry
 from fastapi_singletonjob._timing import WATCH_STEP_S, lease_deadline
 
@@ -841,6 +841,9 @@ class NodeStore:
 
     async def read_cluster(self, *args: object, **kwargs: object) -> ClusterData:
         raise AssertionError("the simulation reads no cluster view")
+
+    async def read_members(self, *args: object, **kwargs: object) -> dict[str, MemberRecord]:
+        raise AssertionError("the simulation keeps no membership record")
 
 
 class _TermTelemetry(Telemetry):

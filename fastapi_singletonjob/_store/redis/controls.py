@@ -10,7 +10,7 @@ field or a last instant that this library does not write as absent, each reporte
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -112,6 +112,29 @@ class RedisControls:
             pipe.hincrby(_keys.project_key(self._project, "nodes:placement"), "#epoch", 1)
             await pipe.execute()
         membership.confirmed(False)
+
+    async def read_members(
+        self, owners: Sequence[str], *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    ) -> dict[str, MemberRecord]:
+        """See ``Store.read_members``: one ``HMGET`` on the calls client (never on the
+        election's connections); a ``nodes`` key of another type reads as empty."""
+        if not owners:
+            return {}
+        nodes = _keys.project_key(self._project, "nodes")
+        client = self._topology.calls
+        try:
+            texts = await bounded(client.hmget(nodes, list(owners)), timeout_s, self._topology)
+        except ResponseError as exc:
+            if _typed(exc, nodes, "read as empty (the next election round deletes it)") is None:
+                return {}
+            raise
+        found = {}
+        for owner, raw in zip(owners, texts, strict=True):
+            text = _text(raw)
+            record = None if text is None else MemberRecord.from_json(owner, text)
+            if record is not None:
+                found[owner] = record
+        return found
 
     async def read_cluster(
         self, jobs: Iterable[str] = (), *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S

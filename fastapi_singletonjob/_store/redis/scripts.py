@@ -106,7 +106,8 @@ end
 # ARGV[3]    - how long the membership record lives without a renewal, in milliseconds, or ""
 #              for a caller without a record (nothing of the membership is read or written)
 # ARGV[4]    - the placement epoch the caller knows ("" for none)
-# ARGV[5]    - the digest of the caller's jobs (which nodes run the same jobs)
+# ARGV[5]    - the digest of the caller's jobs (which nodes run the same jobs, and define them
+#              alike: ``membership.jobs_digest``; opaque here)
 # ARGV[6]    - the release channel, to publish "echo" on (a listener's keepalive), or ""
 # ARGV[4i+3] - lease time of job i, in milliseconds, or "0" to look at the lock without taking
 #              it when it is free (placement: another node is preferred for it)

@@ -48,7 +48,7 @@ from ..base import (
     OverdueReply,
     ReleaseListener,
 )
-from ..membership import Membership
+from ..membership import MemberRecord, Membership
 from . import scripts as _scripts
 from .checkpoints import RedisCheckpoints
 from .claims import RedisClaims
@@ -334,6 +334,12 @@ class RedisStore:
     ) -> ClusterData:
         """See ``Store.read_cluster`` and ``RedisControls.read_cluster``."""
         return await self._controls.read_cluster(jobs, timeout_s=timeout_s)
+
+    async def read_members(
+        self, owners: Sequence[str], *, timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    ) -> dict[str, MemberRecord]:
+        """See ``Store.read_members`` and ``RedisControls.read_members``."""
+        return await self._controls.read_members(owners, timeout_s=timeout_s)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(project={self._project!r}, url={self._topology.shown!r})"
