@@ -8,31 +8,22 @@ there as "no leader", recorded by its successor."""
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from itertools import pairwise
-from pathlib import Path
 
 import node_proc
 import pytest
 from process_fleet import POLL_S, STARTUP_S
-from test_failover import NODES, Cluster, start_and_settle
+from test_failover import NODES, Cluster, cluster, start_and_settle
 from waiting import wait_until
+
+__all__ = ["cluster"]  # the fixture, shared with test_failover
 
 from fastapi_singletonjob import DropReason, Occurrence, SingletonJobs
 
 pytestmark = pytest.mark.redis
 
 EVERY = timedelta(seconds=node_proc.EVERY_S)
-
-
-@pytest.fixture
-async def cluster(redis_url: str, unique_project: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    replicas = Cluster(redis_url, unique_project, tmp_path)
-    try:
-        yield replicas
-    finally:
-        replicas.close()
 
 
 def reader(url: str, project: str, node: str) -> SingletonJobs:

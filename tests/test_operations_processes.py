@@ -12,16 +12,16 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import FastAPI
 from node_proc import JOB, max_concurrent, now
 from servers import free_port
-from test_failover import Cluster
+from test_failover import Cluster, cluster
 from waiting import wait_until
+
+__all__ = ["cluster"]  # the fixture, shared with test_failover
 
 from fastapi_singletonjob import JobContext, SingletonJobs
 from fastapi_singletonjob._cli import EXIT_NO_JOB, EXIT_OK, EXIT_UNREACHABLE, main
@@ -35,15 +35,6 @@ PAUSE_BOUND_S = 0.1
 back: one round trip, a few ms; this bound leaves room for a busy machine."""
 STEP_DOWN_GAP_MAX_S = 0.05
 CLI_S = 60.0
-
-
-@pytest.fixture
-async def cluster(redis_url: str, unique_project: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    replicas = Cluster(redis_url, unique_project, tmp_path)
-    try:
-        yield replicas
-    finally:
-        replicas.close()
 
 
 @pytest.fixture
