@@ -37,9 +37,18 @@ async def oldest_first(jobs: SingletonJobs, name: str) -> list[Occurrence]:
     return list(reversed(await jobs.history(name)))
 
 
-async def failover(make: Factory, clock: FakeClock, define: object, run_s: float) -> SingletonJobs:
+async def failover(
+    make: Factory,
+    clock: FakeClock,
+    define: object,
+    run_s: float,
+    *,
+    paused: str | None = None,
+    wait_s: float = 8.0,
+) -> SingletonJobs:
     """Node a leads from START for ``run_s``, is killed; b, started with it, takes over once
-    a's lease has expired (3 s) and leads for 5 s more. Returns b."""
+    a's lease has expired (3 s) and leads until ``wait_s`` after the kill. Returns b. With
+    ``paused``, a pauses that job a second before it is killed (b's term begins paused)."""
     a, b = make("a"), make("b")
     for jobs in (a, b):
         define(jobs)  # type: ignore[operator]
@@ -47,8 +56,11 @@ async def failover(make: Factory, clock: FakeClock, define: object, run_s: float
     await clock.advance(0.01)
     await b.start()
     await clock.advance(run_s)
+    if paused is not None:
+        await a.pause(paused)
+        await clock.advance(1.0)
     kill(a)
-    await clock.advance(8.0)
+    await clock.advance(wait_s)
     return b
 
 
@@ -351,21 +363,13 @@ async def test_a_gap_before_a_paused_term_is_recorded_when_it_resumes(
     """a's job is paused when a is killed: b's term begins paused (no run, no checkpoint
     read); the instants of the lease wait are recorded once b runs again, after its own
     paused entries, and no instant is in the history twice."""
-    a, b = make("a"), make("b")
-    for jobs in (a, b):
 
+    def define(jobs: SingletonJobs) -> None:
         @jobs.fixed_rate("tick", every=1.0)
         async def tick() -> None:
             pass
 
-    await a.start()
-    await clock.advance(0.01)
-    await b.start()
-    await clock.advance(2.5)
-    await a.pause("tick")
-    await clock.advance(1.0)
-    kill(a)
-    await clock.advance(7.0)
+    b = await failover(make, clock, define, 2.5, paused="tick", wait_s=7.0)
     while_paused = await oldest_first(b, "tick")
     assert {e.reason for e in while_paused if e.missed} == {DropReason.PAUSED.value}
     await b.resume("tick")
@@ -416,21 +420,13 @@ async def test_the_gap_goes_in_the_call_of_the_terms_first_record(
 async def test_an_interval_gap_stops_at_the_terms_own_paused_instants(
     make: Factory, clock: FakeClock
 ) -> None:
-    a, b = make("a"), make("b")
-    for jobs in (a, b):
 
+    def define(jobs: SingletonJobs) -> None:
         @jobs.interval("beat", every=1.0)
         async def beat() -> None:
             pass
 
-    await a.start()
-    await clock.advance(0.01)
-    await b.start()
-    await clock.advance(2.5)
-    await a.pause("beat")
-    await clock.advance(1.0)
-    kill(a)
-    await clock.advance(8.0)
+    b = await failover(make, clock, define, 2.5, paused="beat")
     await b.resume("beat")
     await clock.advance(2.5)
     entries = await oldest_first(b, "beat")
