@@ -36,7 +36,7 @@ SIMULATE = os.environ.get("HYPOTHESIS_PROFILE") == "simulate"
 pytestmark = [pytest.mark.simulation, pytest.mark.timeout(0 if SIMULATE else 300)]
 settings.register_profile(
     "sim-ci",
-    max_examples=450,
+    max_examples=300,
     deadline=None,
     derandomize=True,
     database=None,
