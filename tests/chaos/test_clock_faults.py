@@ -285,7 +285,7 @@ async def test_row25_follower_behind_takes_over_after_a_cron_run(
 
 @pytest.mark.parametrize(
     "case",
-    # the CI subset runs the fault once with each grace; the full matrix also without one
+    # the CI subset runs it mid-run and with a 0.1 s grace; the full matrix also "catch-up"
     ["mid-run", pytest.param("catch-up", marks=full_only), "catch-up-grace-0.1s"],
 )
 async def test_row40_leader_killed_around_a_cron_instant(
