@@ -65,7 +65,9 @@ MEASURE = """(() => {
                         overflowX: overflowX});
     }
   }
-  return {page: page, cut: cut, broken: broken, tablesWider: tablesWider,
+  const tables = [...document.querySelectorAll(".md-typeset__scrollwrap")].map(
+    (box) => [box.scrollWidth, box.clientWidth]);
+  return {page: page, tables: tables, cut: cut, broken: broken, tablesWider: tablesWider,
           codeBlocks: document.querySelectorAll("pre > code").length,
           tableCodes: document.querySelectorAll("td code").length};
 })()"""
@@ -119,6 +121,9 @@ def test_code_blocks_and_tables_fit_their_column(site: str, tmp_path: Path) -> N
                 key = f"{name} at {width}px"
                 if found["page"]["scrollWidth"] > found["page"]["innerWidth"]:
                     problems[f"{key}: page scrolls sideways"] = found["page"]
+                wide = [t for t in found["tables"] if t[0] > t[1]]
+                if not mobile and wide:  # on a desktop, every table is read without scrolling
+                    problems[f"{key}: tables scroll sideways [scrollWidth, clientWidth]"] = wide
                 if found["cut"]:
                     problems[f"{key}: code blocks cut"] = found["cut"]
                 if found["broken"]:
