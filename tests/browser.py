@@ -224,11 +224,14 @@ class Page:
         ``Log.entryAdded``, ...), taken."""
         return self._browser.events(method, session=self.session)
 
-    def screenshot(self, path: Path) -> bytes:
-        """A PNG of the whole page (not only the viewport), written to ``path``."""
+    def screenshot(self, path: Path, *, max_height: int | None = None) -> bytes:
+        """A PNG of the whole page (not only the viewport), or of its top ``max_height``
+        CSS pixels, written to ``path``."""
         width, height = self.evaluate(
             "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
         )
+        if max_height is not None:
+            height = min(height, max_height)
         clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
         reply = self.call(
             "Page.captureScreenshot",
