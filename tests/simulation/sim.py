@@ -73,7 +73,7 @@ from fastapi_singletonjob._engine.engine import Engine
 from fastapi_singletonjob._history import Occurrence
 from fastapi_singletonjob._job.context import JobContext
 from fastapi_singletonjob._job.spec import JobSpec
-from fastapi_singletonjob._lock_value import is_lock_value
+from fastapi_singletonjob._lock_value import OWNER_SEPARATOR, is_lock_value
 from fastapi_singletonjob._overdue import Anchor
 from fastapi_singletonjob._schedule import Cron, FixedRate, Interval, Schedule
 from fastapi_singletonjob._store.base import (
@@ -468,6 +468,9 @@ class Server:
         self.granted_at: dict[tuple[str, int], float] = {}
         """True time at which each ``(job, token)`` was granted (its lock acquired), for
         invariant (b)."""
+        self.grants: dict[str, list[tuple[float, str]]] = {}
+        """Per job: when its lock was granted, and to which owner (known to the owner or not:
+        a reply lost leaves a lock its holder does not know it has), for invariant (g)."""
         self.recorded: dict[tuple[str, int], int] = {}
         """``(job, instant µs)`` recorded in a ``last`` key (claimed, or released as the last
         run): the token of the term that recorded it first. For invariant (c)."""
@@ -530,6 +533,7 @@ class Server:
             self._set_px(job, value, ttl_ms)
             self.fences[job] = str(token)
             self.granted_at.setdefault((job, token), self.clock.monotonic())
+            self.grants.setdefault(job, []).append((self.clock.monotonic(), owner))
             out.append((1, value, ttl_ms))
         return out
 
@@ -1483,13 +1487,17 @@ class Simulation:
 
     def _chain_allowance(self, job: str, start: float, end: float) -> float:
         """What invariant (g) allows beyond its bound for ``[start, end]``: a lock expiry
-        and a heartbeat for each fault after the first of the nodes that led ``job`` in it.
+        and a heartbeat for each fault after the first of the nodes that held ``job``'s lock
+        in it (the store granted it to them, whether they learnt it or not).
         The promise is per gray fault: each can cost up to a lock expiry (a lost reply leaves
         a lock its holder does not know of; claims that fail are let go after one), and a
         healthy node may lose the job to a gray one (a placement move, a race)."""
-        terms = sorted(self.terms[job], key=lambda term: term[2])
-        holders = {node for _, node, at, _ in terms if start < at < end}
-        before = [node for _, node, at, _ in terms if at <= start]
+        # The nodes whose locks the store granted, whether or not their term began.
+        grants = [
+            (at, owner.split(OWNER_SEPARATOR)[0]) for at, owner in self.server.grants.get(job, [])
+        ]
+        holders = {node for at, node in grants if start < at < end}
+        before = [node for at, node in grants if at <= start]
         if before:
             holders.add(before[-1])
         faults = [

@@ -176,6 +176,47 @@ KNOWN = {
             and len([r for r in sim.runs if r.job == "j0" and r.node == "n1" and r.start > 5]) > 8
         ),
     ),
+    # 8. Found by `nox -s simulate` against the first form of invariant (g), which counted
+    # only the nodes that began a term: n0 hands j1 to n1 (spread) while n1's replies are lost;
+    # the store grants n1 the lock and n1 never learns it, so j1 runs nowhere for a lock
+    # expiry more. Each such fault costs up to a lock expiry; (g) now counts the lock's
+    # holders by the store's grants.
+    "8-a-job-moved-to-a-node-whose-reply-is-lost": Known(
+        Scenario(
+            TWO_NODES,
+            (JobConfig("interval", "finish"), JobConfig("interval", "finish")),
+            (
+                Fault(2.0, "slow_reply", node=1),
+                Fault(1.4, "lost_reply", node=1),
+                Fault(1.4, "lost_reply", node=1),
+            ),
+            seed=88,
+            placement="spread",
+        ),
+        lambda sim: (
+            any(owner.startswith("n1") for _, owner in sim.server.grants["j1"])
+            and not [term for term in sim.terms["j1"] if term[1] == "n1"]
+        ),
+    ),
+    # 9. The same class with placement="first": n0, paused past its deadline, renews its lock
+    # as it resumes (the reply comes after its term ended: the lock is kept for a lock expiry
+    # with no term behind it), then n1's reply to the grant that follows is lost.
+    "9-a-renewal-after-a-pause-and-a-lost-grant": Known(
+        Scenario(
+            (NodeConfig(), NodeConfig(rate_error=0.000168)),
+            (JobConfig("fixed_rate", "cancel"),),
+            (
+                Fault(2.001, "lost_request", node=1),
+                Fault(1.909, "lost_reply", node=1),
+                Fault(0.2, "pause", node=0, value=0.894),
+            ),
+            seed=283,
+        ),
+        lambda sim: (
+            [node for _, node, _, _ in sim.terms["j0"]] == ["n0", "n0"]
+            and any(owner.startswith("n1") for _, owner in sim.server.grants["j0"])
+        ),
+    ),
 }
 
 
