@@ -393,13 +393,14 @@ def shard_subscribers(server: RedisServer, channel: str) -> int:
         ("kill", 1.0),
         # A subscription at the frozen master fails only at its deadline (connect timeout
         # plus keepalive: 2 s here), then the listener subscribes where the re-read says.
-        # 3 s: with the soak (nox -s soak), whose SIGSTOP runs cover it ten times over.
+        # 3 s more: only with SJTEST_SOAK=1 (tests/soak/test_cluster_failover.py, in
+        # nox -s soak, freezes a slot master ten times over).
         pytest.param(
             "pause",
             3.0,
             marks=pytest.mark.skipif(
                 os.environ.get("SJTEST_SOAK") != "1",
-                reason="SIGSTOP of a slot master: SJTEST_SOAK=1 (nox -s soak)",
+                reason="SIGSTOP of a slot master: set SJTEST_SOAK=1 (nox -s soak repeats it)",
             ),
         ),
     ],
