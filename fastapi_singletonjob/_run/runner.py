@@ -351,6 +351,14 @@ class JobRunner:
                     scheduled_at.isoformat(),
                     node,
                 )
+                # None of its instants can run while its clock is ahead: once that has
+                # lasted a lock expiry, a node whose clock is right takes the job.
+                self._store_failed(
+                    token,
+                    sent_at,
+                    "its wall clock is ahead of Redis's by more than a claim allows (fix its "
+                    "time sync)",
+                )
                 return DropReason.CLOCK_AHEAD
             if result is ClaimResult.ALREADY_RUN:
                 logger.info(

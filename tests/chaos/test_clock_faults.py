@@ -114,8 +114,12 @@ async def test_row23_leader_wall_clock_jumps_forward(cluster: Cluster, record: R
         cron_runs_3s_after_correction=len(corrected["cron"]),
     )
     # Leases run on the monotonic clock, which no step moves: one term per job through both
-    # steps. Only a stall of the leader's event loop longer than its lease could end a term.
-    assert terms == {job.name: 1 for job in jobs}, (
+    # steps. Only a stall of the leader's event loop longer than its lease could end a term;
+    # but cron, whose every claim is refused as an hour ahead, is let go a lock expiry
+    # later (for a node whose clock is right; alone, f takes it back after its rest).
+    assert {name: n for name, n in terms.items() if name != CRON.name} == {
+        job.name: 1 for job in jobs if job is not CRON
+    }, (
         f"longest stall of the leader's event loop after the step: {stall:.3f} s "
         f"(the lease is {cluster.timing.lease_s:.3f} s)\n{cluster.describe()}"
     )
@@ -127,10 +131,16 @@ async def test_row23_leader_wall_clock_jumps_forward(cluster: Cluster, record: R
         assert -0.01 <= wall + run.start + STEP_S - run.scheduled <= TOL_S, run
     # Cron either goes on, on the whole seconds of the stepped clock (its claims succeed), or
     # the store refuses instants an hour ahead of its own clock and the leader says so.
+    # Or, once f let it go, the follower runs it on its own (right) clock: its first run may
+    # be the instant it took over in, caught up within its grace (the next instant).
     for run in stepped["cron"]:
         assert on_grid(run.scheduled, 1.0), run
-        assert -0.01 <= wall + run.start + STEP_S - run.scheduled <= TOL_S, run
+        if run.node == "f":
+            assert -0.01 <= wall + run.start + STEP_S - run.scheduled <= TOL_S, run
+        else:
+            assert -0.01 <= wall + run.start - run.scheduled <= 1.0 + TOL_S, run
     assert len(stepped["cron"]) >= 2 or cluster.log_has("is ahead of the store's clock", leader)
+    assert terms[CRON.name] == 1 or cluster.log_has("wall clock is ahead of Redis's", leader)
     # After the correction: interval keeps its cadence; fixed rate and cron run nothing at or
     # before an instant already run (they wait for the wall clock to pass it again).
     assert len(corrected["interval"]) >= 10

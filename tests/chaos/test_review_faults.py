@@ -444,7 +444,9 @@ async def test_row47_node_clock_far_ahead_leads_a_cron_job(
 ) -> None:
     # Item 11: the claims of a node whose clock ran ahead were recorded, so every node then
     # skipped the instants up to the recorded one: the job was silenced cluster-wide for as
-    # long as the clock was ahead. Now they are refused (clock_ahead) and nothing is recorded.
+    # long as the clock was ahead. Now they are refused (clock_ahead) and nothing is recorded;
+    # and (issue 26) a leader none of whose instants can run lets the job go after a lock
+    # expiry: the node with the right clock runs it while f is still up.
     t = cluster.timing
     cluster.redis()
     f = cluster.replica("f", [CRON], clock_offset=AHEAD_S)
@@ -452,20 +454,18 @@ async def test_row47_node_clock_far_ahead_leads_a_cron_job(
     assert await cluster.wait_leader(CRON.name) == "f"
     n1 = cluster.replica("n1", [CRON])
     await cluster.ready(n1)
-    watch_from = now()
-    await cluster.sleep(2.0)
-    runs_ahead = started_between(cluster.runs(CRON.name), 0.0, now())
+    joined_at = now()
+    first = await cluster.first_run(CRON.name, after=joined_at, newer_than=0, timeout_s=10)
+    await cluster.until_runs(CRON.name, 3, since=first.start, timeout_s=10)
     last_key = _keys.job_key(cluster.project, CRON.name, "last")
     with raw_client(cluster) as client:
         recorded = client.get(last_key)
     checked_at_wall = time.time()
     stop_at = f.terminate()
     assert await f.wait_exit() == 0
-    first = await cluster.first_run(CRON.name, after=stop_at, newer_than=0, timeout_s=5)
-    await cluster.until_runs(CRON.name, 3, since=first.start, timeout_s=10)
+    stats = stats_of(f)  # written as it exits
     runs = cluster.runs(CRON.name)
     after = [r for r in runs if r.start >= first.start]
-    stats = stats_of(f)
     clock_ahead = sum(int(s["dropped"].get("clock_ahead", 0)) for s in stats)
     offset = wall_offset()
     recorded_us = int(recorded.split(b":")[0]) if recorded else None
@@ -474,19 +474,21 @@ async def test_row47_node_clock_far_ahead_leads_a_cron_job(
         f"clock+{AHEAD_S:g}s-cron",
         runs_by_f=len([r for r in runs if r.node == "f"]),
         refused_claims=clock_ahead,
-        watched_s=round(stop_at - watch_from, 3),
+        n1_first_run_after_join_s=first.start - joined_at,
         recorded_ahead_s=None if recorded_us is None else recorded_us / 1e6 - checked_at_wall,
-        n1_first_run_after_stop_s=first.start - stop_at,
         n1_runs=len(after),
+        f_up_s=round(stop_at - joined_at, 3),
     )
-    assert runs_ahead == [] and [r for r in runs if r.node == "f"] == []
-    assert clock_ahead >= 2, stats
+    assert [r for r in runs if r.node == "f"] == []
+    assert clock_ahead >= 1, stats
     assert cluster.log_has("is ahead of the store's clock", f)
+    assert cluster.log_has("wall clock is ahead of Redis's", f)  # the let-go's cause
     # Nothing from the future was recorded...
     assert recorded_us is None or recorded_us / 1e6 <= checked_at_wall + 1.0
-    # ...so a node with the right clock runs the next instants once it leads.
+    # ...so the node with the right clock runs the instants once f lets the job go: within
+    # a lock expiry of f's first refused claim, the next instant and a heartbeat.
     assert first.node == "n1"
-    assert first.start - stop_at <= t.heartbeat + 1.0 + TOL_S
+    assert first.start - joined_at <= t.lock_expiry + 1.0 + 2 * t.heartbeat + 1.0 + TOL_S
     # From its second run on, every instant (its first may be a catch-up of the instant
     # before it took over, which can overlap the next instant: that one is then dropped).
     assert missed_instants(after, 1.0, after[1].scheduled, offset + after[-1].start) == []

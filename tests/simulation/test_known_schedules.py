@@ -217,6 +217,23 @@ KNOWN = {
             and any(owner.startswith("n1") for _, owner in sim.server.grants["j0"])
         ),
     ),
+    # 10. Found by `nox -s simulate`: the leader's wall clock steps 1.002 s ahead, so every
+    # claim of its is refused as ahead of the store's clock; it held the job and ran nothing
+    # for good. A refused claim now counts as a failing call: the job is let go a lock
+    # expiry after the first, and a node with a right clock runs it.
+    "10-a-leader-whose-clock-is-ahead-lets-go": Known(
+        Scenario(
+            (NodeConfig(), NodeConfig(), NodeConfig()),
+            FIXED_RATE,
+            (Fault(0.0, "wall_step", node=0, value=1.002),),
+        ),
+        lambda sim: (
+            [node for _, node, _, _ in sim.terms["j0"]][:1] == ["n0"]
+            and not [r for r in sim.runs if r.node == "n0"]
+            and len(sim.terms["j0"]) == 2
+            and sim.terms["j0"][1][2] < 1.5
+        ),
+    ),
 }
 
 
