@@ -1503,9 +1503,16 @@ class Simulation:
         faults = [
             span
             for name in holders
-            for span in self.node_named[name].sick + self.node_named[name].down
+            for span in (
+                self.node_named[name].sick
+                + self.node_named[name].down
+                + self.node_named[name].retired.get(job, [])
+            )
             if span[0] < end and span[1] > start
         ]
+        # The store's faults count too: a lock deleted, lost or overwritten costs its holder
+        # the instant it claims before it learns (at its next round) and takes the lock again.
+        faults += [(at, at) for at in self.losses[job] if start - TTL_S < at < end]
         return max(0, len(faults) - 1) * (TTL_S + HEARTBEAT_S)
 
     # faults

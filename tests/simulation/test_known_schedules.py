@@ -234,6 +234,37 @@ KNOWN = {
             and sim.terms["j0"][1][2] < 1.5
         ),
     ),
+    # 11. Found by `nox -s simulate`: two operator DELs of a cron job's lock, each just before
+    # an instant; the leader's claim of each is refused (its lock is gone), and it takes the
+    # lock again at its next round: one instant lost per DEL. (g) counts the store's faults.
+    "11-two-dels-each-cost-an-instant": Known(
+        Scenario(
+            TWO_NODES,
+            (JobConfig("cron", "finish"),),
+            (Fault(0.9, "delete", node=0), Fault(1.828, "delete", node=0)),
+        ),
+        lambda sim: [node for _, node, _, _ in sim.terms["j0"]] == ["n0", "n0", "n0"],
+    ),
+    # 12. Found by `nox -s simulate` (4 nodes, spread): the leader retires j0 (its schedule
+    # fails) with a run in flight, is paused during it, and the node j0 goes to next
+    # crashes: each fault of a holder of the lock costs up to a lock expiry.
+    "12-a-retired-paused-leader-and-a-crash": Known(
+        Scenario(
+            (NodeConfig(), NodeConfig(), NodeConfig(), NodeConfig()),
+            (JobConfig("fixed_rate", "finish"), JobConfig("fixed_rate", "finish")),
+            (
+                Fault(2.7, "pause", node=0, value=0.6),
+                Fault(0.0, "stop", node=2),
+                Fault(3.222, "crash", node=3),
+                Fault(2.001, "schedule_fails", node=0),
+            ),
+            placement="spread",
+        ),
+        lambda sim: (
+            bool(sim.nodes[0].retired.get("j0"))
+            and any(r.job == "j0" and r.node == "n1" for r in sim.runs)
+        ),
+    ),
 }
 
 
