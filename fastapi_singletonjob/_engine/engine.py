@@ -130,6 +130,7 @@ class Engine:
         self.runners = {
             spec.name: JobRunner(
                 spec,
+                supervisor=self.supervisor,
                 leadership=self.elector,
                 clock=clock,
                 executor=self._executor,

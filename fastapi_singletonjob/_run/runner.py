@@ -27,7 +27,7 @@ from concurrent.futures import Executor
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from .._aio import within
+from .._aio import Supervisor, within
 from .._checkpoint import Checkpoint, from_unix_us, to_unix_us
 from .._clock import Clock
 from .._history import cursor_of
@@ -89,6 +89,7 @@ class JobRunner:
         "_on_end",
         "_opened",
         "_rng",
+        "_supervisor",
         "_task_name",
         "_telemetry",
         "_unwritten",
@@ -112,8 +113,12 @@ class JobRunner:
         progress: Progress | None = None,
         rng: Callable[[], float] = random.random,
         on_end: RunEnded | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.spec = spec
+        self._supervisor = supervisor or Supervisor()
+        """Starts the let-go timer (``_let_go_in_time``): the engine's, which logs and
+        records a task that dies, and cancels it at teardown."""
         self.progress = progress
         """The job's checkpoint; None with ``checkpoint=False``."""
         self.stats = JobStats()
@@ -389,10 +394,9 @@ class JobRunner:
     async def _or_let_go(self, token: int, call: Awaitable[T]) -> T:
         """``call``'s result; ``ConnectionError`` when it is still out once the job's store
         calls have failed for a lock expiry (then the job is let go: ``_store_failed``)."""
-        failing = self._failing
-        if failing is None or failing[0] != token:
+        left_s = self._failing_left_s(token)
+        if left_s is None:
             return await call
-        left_s = failing[1] + self.lease.ttl_s - self.clock.monotonic()
         if left_s <= 0:
             # Not sent at all: a claim made now would hold an instant that this node, about
             # to let the job go, never runs, and that its successor is then refused.
@@ -415,12 +419,14 @@ class JobRunner:
         cannot do its work, a healthy one should. Whether it was let go."""
         if self._failing is None or self._failing[0] != token:
             self._failing = (token, sent_at)
-        if self.clock.monotonic() - self._failing[1] < self.lease.ttl_s:
+        left_s = self._failing_left_s(token)
+        if left_s is not None and left_s > 0:
             timer = self._let_go_timer
             if not self._closed and (timer is None or timer.done()):
-                self._let_go_timer = asyncio.create_task(
+                self._let_go_timer = self._supervisor.start(
                     self._let_go_in_time(token, cause),
                     name=f"singletonjob let-go {self.spec.name!r}",
+                    forever=False,
                 )
             return False
         if self.lease.let_go is None:
@@ -432,15 +438,22 @@ class JobRunner:
         fail, unless a run started meanwhile: the next run would notice too, but a job whose
         instants lie a period apart would then hold on for up to a period more, running
         nothing."""
-        while not self._closed:
-            failing = self._failing
-            if failing is None or failing[0] != token or not self.is_leader_of(token):
+        while not self._closed and self.is_leader_of(token):
+            left_s = self._failing_left_s(token)
+            if left_s is None:
                 return
-            left_s = failing[1] + self.lease.ttl_s - self.clock.monotonic()
             if left_s <= 0:
-                self._store_failed(token, failing[1], cause)
+                self._store_failed(token, self.clock.monotonic(), cause)
                 return
             await self.clock.sleep(left_s)
+
+    def _failing_left_s(self, token: int) -> float | None:
+        """How long until the store calls of term ``token`` have failed for a lock expiry
+        (the let-go point; 0 or less: reached); None while they do not fail."""
+        failing = self._failing
+        if failing is None or failing[0] != token:
+            return None
+        return failing[1] + self.lease.ttl_s - self.clock.monotonic()
 
     def _store_answered(self) -> None:
         """A run started: the store does this job's calls again."""
