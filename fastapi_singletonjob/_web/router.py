@@ -38,6 +38,13 @@ _UNAVAILABLE: dict[int | str, dict[str, Any]] = {
 }
 
 
+_ONE_JOB_FROM_REDIS: dict[int | str, dict[str, Any]] = {
+    status.HTTP_404_NOT_FOUND: {"description": "No job of that name"},
+    status.HTTP_503_SERVICE_UNAVAILABLE: {"description": "Redis did not answer"},
+}
+"""The answers besides 200 of a route about one job that reads Redis (its history, its page)."""
+
+
 def create_router(jobs: StatusSource) -> APIRouter:
     """Build the status router of ``jobs`` (a ``SingletonJobs``, or any ``StatusSource``).
 
@@ -75,10 +82,7 @@ def create_router(jobs: StatusSource) -> APIRouter:
         "/jobs/{name}/history",
         response_model=JobHistory,
         summary="One job's last runs and missed instants",
-        responses={
-            status.HTTP_404_NOT_FOUND: {"description": "No job of that name"},
-            status.HTTP_503_SERVICE_UNAVAILABLE: {"description": "Redis did not answer"},
-        },
+        responses=_ONE_JOB_FROM_REDIS,
     )
     async def job_history(
         name: str, limit: int = Query(DEFAULT_HISTORY, ge=1, le=MAX_HISTORY)
@@ -190,10 +194,7 @@ def _add_page(router: APIRouter, jobs: StatusSource) -> None:
         "/ui/jobs/{name}",
         response_class=HTMLResponse,
         summary="Status page of one job: every occurrence in its history (HTML)",
-        responses={
-            status.HTTP_404_NOT_FOUND: {"description": "No job of that name"},
-            status.HTTP_503_SERVICE_UNAVAILABLE: {"description": "Redis did not answer"},
-        },
+        responses=_ONE_JOB_FROM_REDIS,
         name="status_page_job",
     )
     async def status_page_job(
