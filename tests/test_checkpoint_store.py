@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import logging
 import time
@@ -648,8 +647,8 @@ async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced
     jobs = [f"job-{i}" for i in range(51)]
     told: dict[str, object] = {}
 
-    def tell(job: str, iteration: object, at: object) -> None:
-        told[job] = iteration
+    def tell(run: FinishedRun, put_at: float, iteration: object, at: object) -> None:
+        told[run.job] = iteration
 
     try:
         replies = await store.elect("n1#nonce", [LeaseRequest(job, TTL_S) for job in jobs])
@@ -663,7 +662,7 @@ async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced
             for job, token in zip(jobs, tokens, strict=True):
                 assert token is not None
                 run = FinishedRun(job, token, "n1", Outcome.SUCCESS, SCHEDULED, None, RETENTION_S)
-                recorder.put(run, 5.0, functools.partial(tell, job))
+                recorder.put(run, 5.0, tell)
             await wait_until(lambda: len(told) == len(jobs), 5.0, "every record answered")
             calls = _calls(client)
             stored = {

@@ -4,6 +4,7 @@ policies and interval spacing across leaders (fake clock, memory store: zero rea
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -314,8 +315,16 @@ class SkewedNode(SingletonJobs):
 
 @pytest.mark.parametrize("offset_s", [86400.0, -86400.0], ids=["a-day-ahead", "a-day-behind"])
 async def test_an_interval_handover_spaces_runs_by_every_whatever_the_old_leaders_clock(
-    make: Factory, clock: FakeClock, request: pytest.FixtureRequest, offset_s: float
+    make: Factory,
+    clock: FakeClock,
+    request: pytest.FixtureRequest,
+    offset_s: float,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A new leader spaces an interval job's runs by ``every`` on the store's clock, whatever
+    the old leader's wall clock said; the old leader says, once, that its clock is a day off
+    the store's."""
+    caplog.set_level(logging.WARNING, logger="fastapi_singletonjob.checkpoint")
     starts: list[tuple[str, float]] = []
     skewed = SkewedNode(
         f"memory://{abs(hash(request.node.nodeid))}",
@@ -349,6 +358,9 @@ async def test_an_interval_handover_spaces_runs_by_every_whatever_the_old_leader
     checkpoint = await correct.checkpoint("every-10s")
     assert checkpoint is not None and checkpoint.last_completed_at is not None
     assert checkpoint.last_completed_at == START + timedelta(seconds=b_at[1] - 1000.0)
+    told = [r.getMessage() for r in caplog.records if "wall clock is" in r.getMessage()]
+    way = "ahead of" if offset_s > 0 else "behind"
+    assert len(told) == 1 and f"node a's wall clock is 86400.000s {way} the store's" in told[0]
 
 
 async def test_issue27_item2_a_pause_stops_a_catch_up_within_one_round_trip(

@@ -118,7 +118,7 @@ class Engine:
             supervisor=self.supervisor,
             listener=self.ticker,
         )
-        self.recorder = Recorder(store, clock=clock)
+        self.recorder = Recorder(store, clock=clock, node_id=settings.node_id)
         """Writes the runs' checkpoint records, off their run path."""
         sync_jobs = sum(1 for spec in enabled if not spec.is_async)
         # One thread per sync job: a job never has two runs at once, so none ever queues.

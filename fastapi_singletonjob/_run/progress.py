@@ -9,13 +9,12 @@ store's own stamp and ``iteration`` replace the guess when it answers), but for 
 ``reset_checkpoint``, which deletes the record unfenced: the leader hears of it in its next
 election round (brought forward by the reset's notice) and ``forget``s this copy, so the next
 run reads the store. A read or write in flight across the reset is not trusted either
-(``_generation``). A record the store did not answer in time (or refused) leaves the copy
-unknown: the next run reads the store again.
+(``_generation``, ``_stale``). A record the store did not answer in time (or refused) leaves
+the copy unknown: the next run reads the store again.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Callable
@@ -26,15 +25,11 @@ from .._errors import LeadershipLost, UsageError
 from .._outcomes import Outcome
 from .._store.base import Store
 from .._store.records import shorten_error
-from .recorder import Recorder
+from .recorder import Recorder, Written
 
 __all__ = ["Progress"]
 
 logger = logging.getLogger("fastapi_singletonjob.checkpoint")
-
-_SKEW_WARNING_S = 5.0
-"""How far this node's end of a run may lie from the store's stamp before it says so: far
-more than a slow write takes (the stamp follows the end by the write's time)."""
 
 
 class Progress:
@@ -48,13 +43,15 @@ class Progress:
         "_job",
         "_max_bytes",
         "_node_id",
+        "_on_answer",
         "_recorder",
         "_retention_s",
-        "_skew_warned",
+        "_stale",
         "_state",
         "_state_known",
         "_store",
         "_term",
+        "_told",
         "_unwritten",
         "mark",
         "read_at",
@@ -86,7 +83,6 @@ class Progress:
         """False after a ``save_state`` whose outcome is unknown (the next run reads again)."""
         self._term: int | None = None
         """The term whose start (or last write) ``_cached`` is from; None: read again."""
-        self._skew_warned = False
         self.read_at: datetime | None = None
         """The store's clock when ``load`` last read the record: the clock its
         ``last_completed_at`` is on (a new leader's interval spacing, ``misfire.put_off_s``)."""
@@ -95,6 +91,12 @@ class Progress:
         of what is stored now."""
         self._unwritten = 0
         """Records put (``record``) whose write the store has not answered yet."""
+        self._stale = 0
+        """Of those, the first ones, put before the last ``forget``: their answers (which come
+        in the order the records were put) tell nothing of what is stored now."""
+        self._told: Callable[[int, float, bool], None] = _unwatched
+        self._on_answer: Written = self._answered
+        """Bound once: a record's callback costs no object of its own."""
         self.mark: str | None = None
         """Where the history stood when ``load`` last read the record (``_history``)."""
         self._held: tuple[int, list[FinishedRun]] | None = None
@@ -134,9 +136,16 @@ class Progress:
         """The record was reset (an operator's ``reset_checkpoint``): read it again at the
         next run, and trust no read or write in flight now."""
         self._generation += 1
+        self._stale = self._unwritten
         self._term = None
         self._state_known = False
         self._held = None  # no instant before a reset is found missed
+
+    def watch(self, written: Callable[[int, float, bool], None]) -> None:
+        """Tell ``written`` of each record's answer (``record``): the term's token, the
+        monotonic time the record was put, and whether the store answered (False: it did
+        not in time, or failed; then the next run reads the stored record again)."""
+        self._told = written
 
     def record(
         self,
@@ -146,22 +155,19 @@ class Progress:
         completed_at: datetime,
         error: str | None,
         timeout_s: float,
-        written: Callable[[bool], None],
         *,
         started_at: datetime | None = None,
         duration_s: float = 0.0,
     ) -> None:
         """Record a finished run, fenced, off the run path: the record goes to the store with
         the others of this turn (``Recorder``), and the copy kept here already shows it, so
-        that the term's next run starts at once with the right ``iteration``. ``written`` is
-        told whether the store answered (False: it did not in time, or failed; then the next
-        run reads the stored record again). A refusal (the term is over) or a store error is
-        logged. ``completed_at`` (this node's clock) stands in for the store's stamp until the
-        store answers with it, and is never stored: a node whose clock is far from the
-        store's is told so."""
+        that the term's next run starts at once with the right ``iteration``. The runner
+        ``watch``ing is told how the write went. A refusal (the term is over) or a store error
+        is logged. ``completed_at`` (this node's clock) stands in for the store's stamp until
+        the store answers with it, and is never stored."""
         if timeout_s <= 0:  # the term is over: the store would refuse the write
             self._refused(token, scheduled_at)
-            written(True)
+            self._told(token, 0.0, True)
             return
         success = outcome is Outcome.SUCCESS
         if self._term == token and self._state_known:
@@ -191,11 +197,8 @@ class Progress:
             duration_s,
             self._history,
         )
-        done = functools.partial(
-            self._written, token, scheduled_at, completed_at, self._generation, written
-        )
         self._put_held(token, timeout_s)
-        self._recorder.put(run, timeout_s, done)
+        self._recorder.put(run, timeout_s, self._on_answer)
 
     def missed(
         self,
@@ -253,18 +256,19 @@ class Progress:
             last_at=last_at,
         )
 
-    def _written(
+    def _answered(
         self,
-        token: int,
-        scheduled_at: datetime,
-        completed_at: datetime,
-        generation: int,
-        written: Callable[[bool], None],
+        run: FinishedRun,
+        put_at: float,
         iteration: int | None | Exception,
         at: datetime | None,
     ) -> None:
-        """The store's answer to a record of ``record``."""
+        """The store's answer to a record of ``record`` (``Recorder``'s ``Written``)."""
         self._unwritten -= 1
+        stale = self._stale > 0  # put before a reset (``forget``): it tells nothing now
+        if stale:
+            self._stale -= 1
+        token = run.token
         if isinstance(iteration, Exception):
             logger.warning(
                 "job %r: node %s could not record a run in the checkpoint: %r",
@@ -273,16 +277,15 @@ class Progress:
                 iteration,
             )
             self._term = None
-            written(False)
+            self._told(token, put_at, False)
             return
         if iteration is None:
-            self._refused(token, scheduled_at)
+            self._refused(token, run.scheduled_at)
         elif at is not None:
-            self._warn_if_skewed(completed_at, at)
             cached = self._cached
             if (
                 not self._unwritten  # else a later record's guess is the newer
-                and generation == self._generation  # else reset meanwhile: read it again
+                and not stale
                 and self._term == token
                 and cached is not None
             ):
@@ -296,7 +299,7 @@ class Progress:
                     cached.fencing_token,
                     cached.state,
                 )
-        written(True)
+        self._told(token, put_at, True)
 
     def _refused(self, token: int, scheduled_at: datetime) -> None:
         """The record of a run of term ``token`` was not written: the term is over."""
@@ -309,25 +312,6 @@ class Progress:
             self._node_id,
             token,
         )
-
-    def _warn_if_skewed(self, ended_at: datetime, stamped_at: datetime | None) -> None:
-        """Say so when this node's wall clock is far from the store's: the record shows the
-        store's time (``RECORD_RUN`` stamps it), which comes a moment after ``ended_at`` on a
-        clock in sync; the node's own log lines and status show its clock's."""
-        if stamped_at is None:
-            return
-        skew_s = (ended_at - stamped_at).total_seconds()
-        skewed = abs(skew_s) > _SKEW_WARNING_S
-        warned, self._skew_warned = self._skew_warned, skewed
-        if skewed and not warned:  # once per spell, not at every run
-            logger.warning(
-                "job %r: node %s's wall clock is %.3fs %s the store's (fix its time sync): "
-                "its checkpoint shows the store's time, its log lines and status its own",
-                self._job,
-                self._node_id,
-                abs(skew_s),
-                "ahead of" if skew_s > 0 else "behind",
-            )
 
     async def save_state(self, token: int, value: object, timeout_s: float) -> None:
         """Fenced write of the job's state (see ``JobContext.save_state``)."""
@@ -351,8 +335,14 @@ class Progress:
         )
 
 
-def _ignored(outcome: int | None | Exception, at: datetime | None) -> None:
+def _ignored(
+    run: FinishedRun, put_at: float, outcome: int | None | Exception, at: datetime | None
+) -> None:
     """A history entry's answer: a missed instant's entry that is lost is only that."""
+
+
+def _unwatched(token: int, put_at: float, answered: bool) -> None:
+    """No runner watches (a ``Progress`` of its own, in a test)."""
 
 
 def no_checkpoint(job: str) -> UsageError:

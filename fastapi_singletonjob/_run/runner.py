@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Coroutine
@@ -121,6 +120,8 @@ class JobRunner:
         records a task that dies, and cancels it at teardown."""
         self.progress = progress
         """The job's checkpoint; None with ``checkpoint=False``."""
+        if progress is not None:
+            progress.watch(self._written)
         self.stats = JobStats()
         """The job's counters and last run, written here only (its ``next_run`` is the
         timer's: ``Ticker.next_run``)."""
@@ -750,7 +751,6 @@ class JobRunner:
             return
         timeout_s = self.time_left() if most_s is None else min(self.time_left(), most_s)
         self._unwritten += 1
-        written = functools.partial(self._written, ctx.fencing_token, self.clock.monotonic())
         self.progress.record(
             ctx.fencing_token,
             outcome,
@@ -758,13 +758,13 @@ class JobRunner:
             self.clock.now(),
             None if error is None else summary(error),
             timeout_s,
-            written,
             started_at=ctx.started_at,
             duration_s=self.clock.monotonic() - started,
         )
 
     def _written(self, token: int, sent_at: float, answered: bool) -> None:
-        """The store answered a record of this job's (``answered``), or did not in time."""
+        """The store answered a record of this job's (``answered``), or did not in time
+        (``Progress.watch``): ``sent_at`` is when the record was put."""
         self._unwritten -= 1
         if not answered:
             self.stats.unrecorded += 1
