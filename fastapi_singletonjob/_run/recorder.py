@@ -85,7 +85,8 @@ class Recorder:
             while self._pending:
                 batch, self._pending = self._pending, []
                 now = self._clock.monotonic()
-                if min(entry[2] for entry in batch) <= now:
+                first = min(entry[2] for entry in batch)
+                if first <= now:
                     _tell(
                         [entry for entry in batch if entry[2] <= now],
                         ConnectionError("its time ran out before it could be sent"),
@@ -93,7 +94,8 @@ class Recorder:
                     batch = [entry for entry in batch if entry[2] > now]
                     if not batch:
                         continue
-                timeout_s = min(entry[2] for entry in batch) - now
+                    first = min(entry[2] for entry in batch)
+                timeout_s = first - now
                 sent_at = self._clock.now()
                 call = asyncio.ensure_future(
                     self._store.record_runs([entry[0] for entry in batch], timeout_s=timeout_s)
