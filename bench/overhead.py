@@ -675,7 +675,7 @@ def _cpu(quick: bool, workdir: Path, server: RedisServer) -> Json:
     """CPU per tick: every (jobs, variant) of the comparison and the OpenTelemetry pair, in
     fresh processes, the variants interleaved within each repeat; the ``ON_REDIS`` variants
     on ``server``, emptied before each of their children."""
-    repeats, warmup, window = (1, 0.4, 0.6) if quick else (3, 1.5, 3.0)
+    repeats, warmup, window = (1, 0.4, 0.6) if quick else (5, 1.5, 3.0)
     has_aps = optional("apscheduler") is not None
     plan = [
         ("by_jobs", jobs, scheduler)

@@ -39,6 +39,7 @@ from fastapi_singletonjob._run.recorder import Recorder
 from fastapi_singletonjob._store import keys as _keys
 from fastapi_singletonjob._store.base import LeaseRequest, Store
 from fastapi_singletonjob._store.memory import MemoryLeaseStore
+from fastapi_singletonjob._store.records import RunArgs, run_arg
 from fastapi_singletonjob._store.redis.store import RedisLeaseStore
 from fastapi_singletonjob.testing import FakeClock
 
@@ -817,6 +818,28 @@ async def test_any_error_text_and_node_id_round_trip(case: Case) -> None:
     assert written is not None
     assert (written.node_id, written.last_error, written.last_outcome) == (node, error, "failed")
     assert written.iteration == 0 and written.fencing_token == token
+
+
+def test_a_calls_runs_are_one_value_each_term_encoded_once_per_job() -> None:
+    """``RunArgs`` packs a call's runs in one value, each run's error after its length in
+    bytes (non-ASCII text counted in bytes); what a term's runs share is kept per job and
+    replaced when the term changes; a job name the script could not build keys from, or a
+    node id with a line break, is refused."""
+    encode = RunArgs()
+    first = FinishedRun("job-1", 7, "n1", Outcome.SUCCESS, SCHEDULED, None, RETENTION_S)
+    failed = first._replace(outcome=Outcome.FAILED, error="ünï\ncödé")
+    later = first._replace(token=8, node_id="n 2", history=5)
+
+    blob = encode([first, failed, later])
+
+    args = [run_arg(run) for run in (first, failed, later)]
+    assert blob == "".join(args).encode()
+    assert args[0].endswith(" 0 0 7 604800000 0 job-1 n1\n0:")
+    assert args[1].endswith(" 7 604800000 0 job-1 n1\n12:ünï\ncödé")
+    assert args[2].endswith(" 8 604800000 5 job-1 n 2\n0:")
+    for bad in (first._replace(job="a b"), first._replace(node_id="n\n1")):
+        with pytest.raises(ValueError):
+            encode([bad])
 
 
 @pytest.mark.redis

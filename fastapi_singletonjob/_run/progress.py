@@ -31,12 +31,19 @@ __all__ = ["Progress"]
 
 logger = logging.getLogger("fastapi_singletonjob.checkpoint")
 
+_Fresh = tuple[int, datetime, datetime, str, str | None, int]
+"""A record's change to the checkpoint: ``iteration``, ``last_completed_at``,
+``last_scheduled_at``, ``last_outcome``, ``last_error``, ``fencing_token``."""
+
+_WORDS: dict[Outcome, str] = {outcome: outcome.value for outcome in Outcome}
+
 
 class Progress:
     """One job's checkpoint on this node."""
 
     __slots__ = (
         "_cached",
+        "_fresh",
         "_generation",
         "_held",
         "_history",
@@ -77,6 +84,9 @@ class Progress:
         self._retention_s = retention_s
         self._max_bytes = max_state_bytes
         self._cached: Checkpoint | None = None
+        self._fresh: _Fresh | None = None
+        """What the term's last record changed, not yet made into ``_cached`` (``cached``
+        makes it, once per run rather than once per record and once per answer)."""
         self._state: JSONValue = None
         """The stored state as this term knows it: read at its start, then as saved."""
         self._state_known = True
@@ -115,6 +125,20 @@ class Progress:
     @property
     def cached(self) -> Checkpoint | None:
         """The checkpoint as this node knows it (current when ``loaded_for`` the term)."""
+        fresh = self._fresh
+        if fresh is not None:
+            self._fresh = None
+            iteration, completed_at, scheduled_at, outcome, error, token = fresh
+            self._cached = Checkpoint(
+                iteration,
+                completed_at,
+                scheduled_at,
+                outcome,
+                error,
+                self._node_id,
+                token,
+                self._state,
+            )
         return self._cached
 
     async def load(self, token: int, timeout_s: float) -> Checkpoint | None:
@@ -125,6 +149,7 @@ class Progress:
             self._cached, self.read_at, self.mark = await self._store.load_checkpoint(
                 self._job, timeout_s=timeout_s
             )
+            self._fresh = None
             self._state = None if self._cached is None else self._cached.state
             # Reset while the read was on its way: this run uses what it read, the next reads
             # again.
@@ -171,16 +196,15 @@ class Progress:
             return
         success = outcome is Outcome.SUCCESS
         if self._term == token and self._state_known:
-            # Built whole (dataclasses.replace costs several times as much, once per run).
-            self._cached = Checkpoint(
-                (0 if self._cached is None else self._cached.iteration) + success,
+            fresh, cached = self._fresh, self._cached
+            before = fresh[0] if fresh is not None else cached.iteration if cached else 0
+            self._fresh = (
+                before + success,
                 completed_at,
                 scheduled_at,
-                outcome.value,
+                _WORDS[outcome],
                 None if success else shorten_error(error) or None,
-                self._node_id,
                 token,
-                self._state,
             )
         else:  # not known for this term (a reset, a state save that failed): read it again
             self._term = None
@@ -281,14 +305,17 @@ class Progress:
             return
         if iteration is None:
             self._refused(token, run.scheduled_at)
-        elif at is not None:
-            cached = self._cached
-            if (
-                not self._unwritten  # else a later record's guess is the newer
-                and not stale
-                and self._term == token
-                and cached is not None
-            ):
+        elif (
+            at is not None
+            and not self._unwritten  # else a later record's guess is the newer
+            and not stale
+            and self._term == token
+        ):
+            fresh = self._fresh
+            if fresh is not None:
+                self._fresh = (iteration, at, *fresh[2:])
+            elif self._cached is not None:
+                cached = self._cached
                 self._cached = Checkpoint(
                     iteration,
                     at,

@@ -120,7 +120,10 @@ class Recorder:
                 for (run, put_at, _, written), iteration in zip(
                     batch, recorded.iterations, strict=True
                 ):
-                    _call(written, run, put_at, iteration, at)
+                    try:  # one callback that raises never keeps the others from hearing
+                        written(run, put_at, iteration, at)
+                    except Exception:
+                        logger.exception("a run record's callback failed")
         finally:
             self._flusher = None
 

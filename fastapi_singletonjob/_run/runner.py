@@ -711,6 +711,7 @@ class JobRunner:
         started = self.clock.monotonic()
         with self._telemetry.run_span(ctx) as span:
             ran = True
+            most_s: float | None = None  # how long a record may still take (cancelled)
             try:
                 outcome, error = await self._invoker.run(ctx)
             except NotStarted:
@@ -721,32 +722,31 @@ class JobRunner:
                 # Cancelled from outside (shutdown, past shutdown_timeout): recorded as such
                 # while the term holds (the election renews it until the record is written),
                 # then the cancel goes on.
-                self._save_outcome(
-                    ctx, Outcome.CANCELLED, None, started, most_s=RECORD_AFTER_CANCEL_S
-                )
+                most_s = RECORD_AFTER_CANCEL_S
                 raise
-            else:
-                self._save_outcome(ctx, outcome, error, started)
             finally:
                 if ran:  # the run ends when the job's code returns: the record goes after
                     duration_s = self.clock.monotonic() - started
+                    finished_at = ctx.started_at + timedelta(seconds=duration_s)
+                    text = None if error is None else summary(error)
+                    self._save_outcome(ctx, outcome, text, finished_at, duration_s, most_s)
                     self._telemetry.run_finished(span, ctx.job, outcome, duration_s, error)
-                    self._record(ctx, outcome, error, duration_s)
+                    self._record(ctx, outcome, text, finished_at, duration_s)
 
     def _save_outcome(
         self,
         ctx: JobContext,
         outcome: Outcome,
-        error: BaseException | None,
-        started: float,
-        *,
-        most_s: float | None = None,
+        error: str | None,
+        finished_at: datetime,
+        duration_s: float,
+        most_s: float | None,
     ) -> None:
-        """Record the run (whose code began at monotonic ``started``) in the checkpoint and
-        the history, fenced (a term that ended writes nothing), off the run path
-        (``Progress.record``), bounded by the time left on the lease (and by ``most_s``).
-        Until the store answers, the job counts as busy for the election: a handover of it
-        waits for its records, so that the successor reads them."""
+        """Record the run (which ended at ``finished_at`` after ``duration_s``) in the
+        checkpoint and the history, fenced (a term that ended writes nothing), off the run
+        path (``Progress.record``), bounded by the time left on the lease (and by
+        ``most_s``). Until the store answers, the job counts as busy for the election: a
+        handover of it waits for its records, so that the successor reads them."""
         if self.progress is None:
             return
         timeout_s = self.time_left() if most_s is None else min(self.time_left(), most_s)
@@ -755,11 +755,11 @@ class JobRunner:
             ctx.fencing_token,
             outcome,
             ctx.scheduled_at,
-            self.clock.now(),
-            None if error is None else summary(error),
+            finished_at,
+            error,
             timeout_s,
             started_at=ctx.started_at,
-            duration_s=self.clock.monotonic() - started,
+            duration_s=duration_s,
         )
 
     def _written(self, token: int, sent_at: float, answered: bool) -> None:
@@ -792,10 +792,13 @@ class JobRunner:
             await asyncio.shield(self._all_written)
 
     def _record(
-        self, ctx: JobContext, outcome: Outcome, error: BaseException | None, duration_s: float
+        self,
+        ctx: JobContext,
+        outcome: Outcome,
+        text: str | None,
+        finished_at: datetime,
+        duration_s: float,
     ) -> None:
-        finished_at = ctx.started_at + timedelta(seconds=duration_s)
-        text = None if error is None else summary(error)
         self.stats.record(
             RunRecord(ctx.scheduled_at, ctx.started_at, finished_at, duration_s, outcome, text)
         )

@@ -97,6 +97,7 @@ __all__ = [
     "ProjectKey",
     "control_field",
     "job_key",
+    "job_prefix",
     "parse_control_field",
     "parse_paused",
     "paused_value",
@@ -131,8 +132,14 @@ def _tag(project: str) -> str:
 
 
 def job_key(project: str, job: str, kind: JobKey) -> str:
-    """The key ``kind`` of ``job`` (see ``JobKey``)."""
+    """The key ``kind`` of ``job`` (see ``JobKey``): ``job_prefix``, the job, ``:``, the kind."""
     return f"{_tag(project)}:{job}:{kind}"
+
+
+def job_prefix(project: str) -> str:
+    """What the keys of every job of ``project`` begin with (``job_key``), for a script that
+    builds them from the job names (``RECORD_RUN``)."""
+    return f"{_tag(project)}:"
 
 
 def project_key(project: str, name: ProjectKey) -> str:

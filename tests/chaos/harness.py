@@ -539,19 +539,23 @@ class Cluster:
 
     async def ready(self, *replicas: Replica, timeout_s: float = STARTUP_S) -> None:
         """Wait until each replica journaled ``ready`` (its lifespan startup completed) since
-        its latest spawn; uvicorn replicas that lost their port are started again."""
+        its latest spawn, and a uvicorn replica answers HTTP too (uvicorn binds its port after
+        the startup); uvicorn replicas that lost their port are started again."""
 
-        def is_ready(replica: Replica) -> bool:
+        async def is_ready(replica: Replica) -> bool:
             if replica.bind_failed() and replica.spawns < 3:
                 replica.spawn()
                 return False
             if not replica.alive:
                 raise AssertionError(f"{replica.name} exited\n{self.describe()}")
-            return any(e.ev == "ready" and e.pid == replica.pid for e in replica.events())
+            if not any(e.ev == "ready" and e.pid == replica.pid for e in replica.events()):
+                return False
+            return not replica.http or await self.get(replica, "/") is not None
 
-        await self.wait(
-            lambda: all([is_ready(r) for r in replicas]), timeout_s, "every replica is ready"
-        )
+        async def all_ready() -> bool:
+            return all([await is_ready(replica) for replica in replicas])
+
+        await self.wait(all_ready, timeout_s, "every replica is ready")
 
     async def proxy(self, server: RedisServer | None = None) -> FaultProxy:
         """A fault proxy in front of ``server`` (default: the store), closed at teardown."""

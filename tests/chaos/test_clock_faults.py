@@ -373,6 +373,7 @@ async def dst_runs(cluster: Cluster, job: JobConfig, change: datetime) -> list[R
     return cluster.runs(job.name)
 
 
+@full_only  # 14 s of real time; the schedule's fall-back rule is tested in test_schedule.py
 @needs_faketime
 async def test_row39_fall_back_runs_a_fixed_hour_job_in_the_first_hour_only(
     cluster: Cluster, record: Results

@@ -26,7 +26,7 @@ from ..._clock import Clock
 from ..._history import Occurrence, parse_entries
 from ..._odd import odd_type
 from .. import keys as _keys
-from ..records import retention_ms, run_arg, token_text
+from ..records import RunArgs, retention_ms, token_text
 from . import scripts as _scripts
 from .batch import Batcher
 from .connect import bounded
@@ -52,7 +52,8 @@ class RedisCheckpoints:
         self._reset = client.register_script(
             _scripts.RESET_CHECKPOINT_SHARDED if topology.sharded else _scripts.RESET_CHECKPOINT
         )
-        self._job_keys: dict[str, list[bytes]] = {}
+        self._prefix = _keys.job_prefix(project).encode()
+        self._run_args = RunArgs()
         self._loads: Batcher[str, tuple[Any, datetime]] = Batcher(
             self._load_all, clock=clock, unanswered=self._unloaded
         )
@@ -68,8 +69,9 @@ class RedisCheckpoints:
             else f"record the runs of {len(jobs)} jobs {jobs[:3]!r}"
             f"{'...' if len(jobs) > 3 else ''} (whether they were is unknown)"
         )
-        keys = [key for job in jobs for key in self._run_keys(job)]
-        args = [run_arg(run) for run in runs]
+        # The project's slot (no runs: one call that writes nothing, which loads the script).
+        keys = [_keys.job_key(self._project, jobs[0], "lock") if jobs else self._prefix]
+        args = [self._prefix, self._run_args(runs)]
         reply: bytes = await self._call(what, self._record_run(keys=keys, args=args), timeout_s)
         at, *iterations = reply.split(b",")
         return Recorded(
@@ -186,15 +188,6 @@ class RedisCheckpoints:
     def _keys(self, job: str) -> list[str]:
         """``KEYS`` of the fenced scripts for ``job``: its lock, its checkpoint."""
         return [_keys.job_key(self._project, job, kind) for kind in ("lock", "checkpoint")]
-
-    def _run_keys(self, job: str) -> list[bytes]:
-        """``KEYS`` of ``RECORD_RUN`` for ``job`` (its lock, checkpoint and history), encoded
-        once per job: a record's keys cost redis-py no encoding."""
-        keys = self._job_keys.get(job)
-        if keys is None:
-            names = [*self._keys(job), _keys.job_key(self._project, job, "history")]
-            keys = self._job_keys[job] = [key.encode() for key in names]
-        return keys
 
     async def read_history(
         self, job: str, *, limit: int, timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S

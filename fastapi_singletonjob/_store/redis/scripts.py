@@ -593,12 +593,20 @@ end
 # share an instant; a job may come more than once, its runs in the order they ended). An
 # instant the leader did not run is sent the same way, for the history alone.
 #
-# KEYS[3i-2] - lock key of run i's job    KEYS[3i-1] - its checkpoint key    KEYS[3i] - its
-#              history key (a list, newest first: ``_history``)
-# ARGV[i]    - run i, one string (``_store.records.run_arg``: one value per run keeps the
-#              client's encoding cheap): "<kind> <fencing token> <outcome> <scheduled µs>
-#              <retention ms> <started µs> <duration µs> <history>  <node id>", a line break,
-#              then the error, already shortened ("" for none). The kind is "r" (a run: the
+# KEYS[1]    - the lock key of the first run's job: it names the project's hash slot, which
+#              every key here shares (a cluster sends the call there). The keys of each run's
+#              job, this one's too, are ARGV[1] followed by the job's name and ":lock",
+#              ":checkpoint" (a hash) or ":history" (a list, newest first: ``_history``):
+#              declaring three keys per run made a call of 500 runs cost the client 1,500
+#              more values to encode and the connection 60 KB more to carry, while any server
+#              this library supports lets a script touch the keys of its declared key's slot
+#              (see docs/redis.md, "Keys")
+# ARGV[1]    - what every key of the project's jobs begins with (``keys.job_prefix``)
+# ARGV[2]    - the runs, one after the other (``records.run_arg``, ``RunArgs``): "<kind>
+#              <outcome> <scheduled µs> <started µs> <duration µs> <fencing token>
+#              <retention ms> <history> <job> <node id>", a line break, then the error's
+#              length in bytes, a colon and the error, already shortened ("0:" for none);
+#              the fields from the token on are the term's. The kind is "r" (a run: the
 #              outcome is "success", "failed", "timeout" or "cancelled") or "m" (a missed
 #              instant: the outcome is its reason, <started µs> the last instant it stands
 #              for (0: the same), <duration µs> how many (1 for one; 0: more than were
@@ -656,12 +664,20 @@ local function marked(record, token, latest)
   redis.call('HSET', record, 'history', at .. ':' .. token .. ':' .. before)
 end
 local out = {now_us}
-for i = 1, #KEYS / 3 do
-  local lock, record, history = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local kind, token, outcome, scheduled, retention, started, took, keep, node, err =
-    string.match(ARGV[i],
-      '^([rm]) (%d+) ([%a_]+) (%d+) (%d+) (%d+) (%d+) (%d+) ([^\\n]*)\\n(.*)$')
-  if token and fenced(lock, record, token) then
+local prefix, runs, at, i = ARGV[1], ARGV[2], 1, 0
+while at <= #runs do
+  local _, last, kind, outcome, scheduled, started, took, token, retention, keep, job, node,
+    size = string.find(runs,
+      '^([rm]) ([%a_]+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([%w_.%-]+) ([^\\n]*)\\n(%d+):',
+      at)
+  if not last then
+    return redis.error_reply('RECORD_RUN: ARGV[2] holds no run at byte ' .. at)
+  end
+  local err = string.sub(runs, last + 1, last + tonumber(size))
+  at, i = last + tonumber(size) + 1, i + 1
+  local lock, record = prefix .. job .. ':lock', prefix .. job .. ':checkpoint'
+  local history = prefix .. job .. ':history'
+  if fenced(lock, record, token) then
     keep = tonumber(keep)
     local entry = '{"k":"' .. (kind == 'r' and 'run' or 'missed') .. '","at":' .. scheduled
     if kind == 'r' then
