@@ -13,7 +13,7 @@ import pytest
 from waiting import wait_until
 
 from fastapi_singletonjob import JobContext, SingletonJobs
-from fastapi_singletonjob._run.holds import HOLD_WARN_S, TimedSteps
+from fastapi_singletonjob._run.holds import HOLD_WARN_S, timed_steps
 
 BLOCK_S = 2 * HOLD_WARN_S
 
@@ -70,7 +70,7 @@ async def test_timed_steps_pass_results_errors_and_cancels_through() -> None:
         finally:
             seen.append("cleanup")
 
-    task = asyncio.ensure_future(TimedSteps(job(), "j", 1, lambda: True))
+    task = asyncio.ensure_future(timed_steps(job(), "j", 1, lambda: True))
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -82,4 +82,4 @@ async def test_timed_steps_pass_results_errors_and_cancels_through() -> None:
         raise ValueError("boom")
 
     with pytest.raises(ValueError, match="boom"):
-        await TimedSteps(fails(), "j", 2, lambda: True)
+        await timed_steps(fails(), "j", 2, lambda: True)

@@ -140,6 +140,11 @@ class Elector:
             listener=listener,
         )
         self.leases = self.terms.leases
+        # The queries each run asks, answered by the terms themselves (no frame of ours):
+        # whether this node's lease of a job (of a term, if given) is valid, and its time
+        # left (0 when it does not lead).
+        self.is_leader = self.terms.is_leader
+        self.time_left = self.terms.time_left
         self._heartbeat_s = heartbeat_s
         ttls = [lease.ttl_s for lease in self.leases.values()] or [heartbeat_s]
         self._shortest_ttl_s, self._longest_ttl_s = min(ttls), max(ttls)
@@ -197,17 +202,9 @@ class Elector:
 
     # -- queries --------------------------------------------------------------------------
 
-    def is_leader(self, job: str, token: int | None = None) -> bool:
-        """True while this node's lease of ``job`` (of term ``token``, if given) is valid."""
-        return self.terms.is_leader(job, token)
-
     def view(self, job: str) -> LeaseView:
         """The read-only view of ``job``'s lease."""
         return self.terms.view(job)
-
-    def time_left(self, job: str) -> float:
-        """Seconds left on this node's lease of ``job`` (0 when it does not lead)."""
-        return self.terms.time_left(job)
 
     def holder_time_left(self, job: str) -> float | None:
         """Seconds the current holder's lock of ``job`` has left, as last observed

@@ -21,7 +21,7 @@ from .._job.context import JobContext
 from .._job.spec import JobSpec
 from .._outcomes import Outcome
 from .._schedule import Policy
-from .holds import TimedSteps, held_during
+from .holds import held_during, timed_steps
 
 __all__ = ["Invoker", "NotStarted", "summary"]
 
@@ -200,7 +200,7 @@ class Invoker:
             raise NotStarted
         try:
             if self._is_async:
-                await TimedSteps(self.spec.func(**kwargs), ctx.job, ctx.iteration, self._held)
+                await timed_steps(self.spec.func(**kwargs), ctx.job, ctx.iteration, self._held)
             else:
                 await call_in_thread(
                     self._executor,

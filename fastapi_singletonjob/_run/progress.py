@@ -221,7 +221,8 @@ class Progress:
             duration_s,
             self._history,
         )
-        self._put_held(token, timeout_s)
+        if self._held is not None:
+            self._put_held(token, timeout_s)
         self._recorder.put(run, timeout_s, self._on_answer)
 
     def missed(
