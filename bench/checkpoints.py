@@ -14,7 +14,8 @@ scripts run inside Redis by name: ``EVALSHA`` and the rest are sent, ``SCRIPT_CO
 inside (a term's one ``HGETALL`` read is sent, but it comes before the window). The term's
 start is measured too, from before ``start()`` to the second run's body: the ``HGETALL`` sent
 in that phase are the term's read of the record. *Outside the body*
-is the library's duration of a run (which includes writing the record) less the body's own;
+is the library's duration of a run (to its body's return; the record goes after it) less the
+body's own;
 *CPU per run* is this process's CPU time (``time.process_time``) over the window, divided by
 its runs.
 

@@ -11,9 +11,10 @@ family's) and with its defaults (checkpoints on) on a real redis-server that thi
 APScheduler 3 (``AsyncIOScheduler``, interval jobs), ``repeat_every``, and bare asyncio loops
 (the floor). For the library the child also reports the ticks it dropped in the window, by
 reason (from the engine's snapshot, ``Engine.snapshot``, which the status API reads), and the
-library's own duration of every run (``JobStats.last_run.duration_s``, which includes writing
-the run's record to Redis) of as many periods again after the window, read by the body of the
-job's next run (``Counter.observing``: in the window the bodies only test that they need not);
+library's own duration of every run (``JobStats.last_run.duration_s``, up to its body's return:
+the run's record goes to Redis after it) of as many periods again after the window, read by the
+body of the job's next run (``Counter.observing``: in the window the bodies only test that they
+need not);
 and on Redis, the script calls (``EVAL``, ``EVALSHA``, ``FCALL`` and their read-only forms in
 ``INFO commandstats``) and redis-server's own CPU time (``INFO cpu``) over the window.
 OpenTelemetry's share is measured apart, at a load the SDK keeps up with (100 jobs every

@@ -54,7 +54,8 @@ MEMORY_FACTOR = 2.0
 """Goal: memory per job at most this many times APScheduler 3's."""
 RUN_DURATION_P99_MS = 1.0
 """Goal (issue 28): with the defaults on Redis, the library's own run duration of a no-op
-body (which includes writing its record) under this at the 99th percentile."""
+body (from its start to its body's return; the record goes after it) under this at the 99th
+percentile."""
 SCRIPT_CALLS_JOBS = 500
 """Issue 28 states the Redis script calls per second at this job count."""
 SCRIPT_CALLS_PER_RUN_AIM = 0.1
@@ -1291,10 +1292,10 @@ def library_runs(cpu: Json) -> list[str]:
         "run (`JobStats.dropped`, by reason) over the window, read from the engine's snapshot "
         "with no await between that read and the tick counter's. *Run duration* is the "
         "library's own (`JobStats.last_run.duration_s`, what the status API shows: from the "
-        "run's start to its end, which with a checkpoint comes once the run's record is "
-        "written), of every run of as many periods again right after the window, read by the "
-        "body of the job's next run: a run starts only once the one before it has ended and "
-        "is recorded, so each run is read once, and none is missed as a sampling of the "
+        "run's start to its end, when its body returns: its checkpoint record goes after it), "
+        "of every run of as many periods again right after the window, read by the body of "
+        "the job's next run: a run starts only once the one before it has ended, so each "
+        "run is read once, and none is missed as a sampling of the "
         "status would miss the slowest (in the CPU window the bodies only test that they "
         "need not read). The figures are the medians of the repeats' p50 and p99, and the "
         "largest max; *runs read* short of the expected are ticks dropped in that second "
@@ -1343,10 +1344,11 @@ def _defaults_cost(cpu: Json) -> list[str]:
         + "; ".join(figures)
         + ". A run ends when its body returns, and its checkpoint record goes to Redis after "
         "it, with the other records of that loop turn in one script call: the run's duration "
-        "is the body's, and the client's CPU the defaults add is the records' encoding, the "
-        "call and its reply. A tick that comes while a run has not ended is dropped "
-        "(*overlap*), and one the event loop reaches after a later tick was due is dropped as "
-        "*late*.",
+        "is the body's, and the client's CPU the defaults add is the record's bookkeeping in "
+        "the run (the node's copy of the checkpoint, the answer told to the job's runner), "
+        "its encoding, and the script call with its reply. A tick that comes while a run has "
+        "not ended is dropped (*overlap*), and one the event loop reaches after a later tick "
+        "was due is dropped as *late*.",
         "",
     ]
 
