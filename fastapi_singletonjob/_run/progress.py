@@ -22,7 +22,7 @@ from datetime import datetime
 
 from .._checkpoint import Checkpoint, FinishedRun, JSONValue, StateSave, encode_state
 from .._errors import LeadershipLost, UsageError
-from .._outcomes import Outcome
+from .._outcomes import OUTCOME_WORDS, Outcome
 from .._store.base import Store
 from .._store.records import shorten_error
 from .recorder import Recorder, Written
@@ -34,8 +34,6 @@ logger = logging.getLogger("fastapi_singletonjob.checkpoint")
 _Fresh = tuple[int, datetime, datetime, str, str | None, int]
 """A record's change to the checkpoint: ``iteration``, ``last_completed_at``,
 ``last_scheduled_at``, ``last_outcome``, ``last_error``, ``fencing_token``."""
-
-_WORDS: dict[Outcome, str] = {outcome: outcome.value for outcome in Outcome}
 
 
 class Progress:
@@ -202,7 +200,7 @@ class Progress:
                 before + success,
                 completed_at,
                 scheduled_at,
-                _WORDS[outcome],
+                OUTCOME_WORDS[outcome],
                 None if success else shorten_error(error) or None,
                 token,
             )

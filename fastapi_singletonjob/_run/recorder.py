@@ -120,10 +120,7 @@ class Recorder:
                 for (run, put_at, _, written), iteration in zip(
                     batch, recorded.iterations, strict=True
                 ):
-                    try:  # one callback that raises never keeps the others from hearing
-                        written(run, put_at, iteration, at)
-                    except Exception:
-                        logger.exception("a run record's callback failed")
+                    _call(written, run, put_at, iteration, at)
         finally:
             self._flusher = None
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from .._checkpoint import MAX_ERROR_CHARS, FinishedRun, digits, to_unix_us
 from .._config.settings import is_name
 from .._lock_value import MAX_TOKEN
-from .._outcomes import DropReason, Outcome
+from .._outcomes import OUTCOME_WORDS, DropReason
 from .membership import MemberRecord
 
 __all__ = [
@@ -92,18 +92,14 @@ class RunArgs:
                 known = terms[run.job] = (shared, _term_part(run))
             add(_own_part(run))
             add(known[1])
-            add("0:" if run.error is None else _error_part(run.error))
+            add(_error_part(run.error))
         return "".join(parts).encode()
-
-
-_WORDS: dict[str, str] = {outcome: outcome.value for outcome in Outcome}
-"""Each outcome's word, found by the outcome or by its value (a ``str`` enum)."""
 
 
 def _own_part(run: FinishedRun) -> str:
     """``run_arg``'s fields that are the record's own, up to the token, with a space after."""
     if run.missed is None:
-        word = _WORDS.get(run.outcome)
+        word = OUTCOME_WORDS.get(run.outcome)
         if word is None:
             raise ValueError(f"outcome={run.outcome!r} is not an Outcome")
         started = 0 if run.started_at is None else to_unix_us(run.started_at)
@@ -134,6 +130,8 @@ def _term_part(run: FinishedRun) -> str:
 
 def _error_part(error: str | None) -> str:
     """``run_arg``'s last field: the error's length in UTF-8 bytes, a colon, the error."""
+    if not error:
+        return "0:"
     text = shorten_error(error)
     return f"{len(text) if text.isascii() else len(text.encode())}:{text}"
 

@@ -600,7 +600,7 @@ end
 #              declaring three keys per run made a call of 500 runs cost the client 1,500
 #              more values to encode and the connection 60 KB more to carry, while any server
 #              this library supports lets a script touch the keys of its declared key's slot
-#              (see docs/redis.md, "Keys")
+#              (see docs/redis.md, "Versions")
 # ARGV[1]    - what every key of the project's jobs begins with (``keys.job_prefix``)
 # ARGV[2]    - the runs, one after the other (``records.run_arg``, ``RunArgs``): "<kind>
 #              <outcome> <scheduled µs> <started µs> <duration µs> <fencing token>
