@@ -31,6 +31,7 @@ from fastapi_singletonjob._checkpoint import (
     JSONValue,
     StateSave,
     encode_state,
+    to_unix_us,
 )
 from fastapi_singletonjob._clock import SYSTEM_CLOCK, SystemClock
 from fastapi_singletonjob._errors import ConfigurationError
@@ -840,6 +841,40 @@ def test_a_calls_runs_are_one_value_each_term_encoded_once_per_job() -> None:
     for bad in (first._replace(job="a b"), first._replace(node_id="n\n1")):
         with pytest.raises(ValueError):
             encode([bad])
+
+
+def test_a_runs_own_fields_encode_alike_on_both_paths() -> None:
+    """``RunArgs`` encodes a run with a start inline (the common case, hundreds per call) and
+    anything else through ``run_arg``'s own functions: both give the same text, and refuse
+    the same values (a naive instant, an outcome that is no ``Outcome``) with the same
+    error."""
+    encode = RunArgs()
+    started = SCHEDULED + timedelta(microseconds=1234)
+    run = FinishedRun(
+        "job-1", 7, "n1", Outcome.SUCCESS, SCHEDULED, None, RETENTION_S, started, 0.0125, 5
+    )
+    cases = [
+        run,
+        run._replace(outcome=Outcome.TIMEOUT, error="TimeoutError: slow"),
+        run._replace(duration_s=-1e-7),  # a clock step: never a negative duration
+        run._replace(started_at=None),
+        run._replace(missed="late", instants=3, last_at=started),
+    ]
+    for case in cases:
+        assert encode([case]) == run_arg(case).encode(), case
+    assert run_arg(run).startswith(
+        f"r success {to_unix_us(SCHEDULED)} {to_unix_us(started)} 12500 7 "
+    )
+    for bad in (
+        run._replace(scheduled_at=SCHEDULED.replace(tzinfo=None)),
+        run._replace(started_at=started.replace(tzinfo=None)),
+        run._replace(outcome="bogus"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ValueError) as inline:
+            encode([bad])
+        with pytest.raises(ValueError) as alone:
+            run_arg(bad)
+        assert str(inline.value) == str(alone.value)
 
 
 @pytest.mark.redis

@@ -19,9 +19,11 @@ import json
 import logging
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from .._checkpoint import Checkpoint, FinishedRun, JSONValue, StateSave, encode_state
 from .._errors import LeadershipLost, UsageError
+from .._frozen import maker
 from .._outcomes import OUTCOME_WORDS, Outcome
 from .._store.base import Store
 from .._store.records import shorten_error
@@ -31,9 +33,15 @@ __all__ = ["Progress"]
 
 logger = logging.getLogger("fastapi_singletonjob.checkpoint")
 
-_Fresh = tuple[int, datetime, datetime, str, str | None, int]
+_checkpoint = maker(Checkpoint)
+"""``Checkpoint``, made once per run: its fields in order, positionally."""
+_finished_run = FinishedRun._make
+"""``FinishedRun`` from all its fields in order (no keyword parsing: one per run)."""
+
+_Fresh = list[Any]
 """A record's change to the checkpoint: ``iteration``, ``last_completed_at``,
-``last_scheduled_at``, ``last_outcome``, ``last_error``, ``fencing_token``."""
+``last_scheduled_at``, ``last_outcome``, ``last_error``, ``fencing_token`` (a list: the
+store's answer puts its ``iteration`` and clock in place)."""
 
 
 class Progress:
@@ -127,7 +135,7 @@ class Progress:
         if fresh is not None:
             self._fresh = None
             iteration, completed_at, scheduled_at, outcome, error, token = fresh
-            self._cached = Checkpoint(
+            self._cached = _checkpoint(
                 iteration,
                 completed_at,
                 scheduled_at,
@@ -178,7 +186,6 @@ class Progress:
         completed_at: datetime,
         error: str | None,
         timeout_s: float,
-        *,
         started_at: datetime | None = None,
         duration_s: float = 0.0,
     ) -> None:
@@ -196,28 +203,33 @@ class Progress:
         if self._term == token and self._state_known:
             fresh, cached = self._fresh, self._cached
             before = fresh[0] if fresh is not None else cached.iteration if cached else 0
-            self._fresh = (
+            self._fresh = [
                 before + success,
                 completed_at,
                 scheduled_at,
                 OUTCOME_WORDS[outcome],
                 None if success else shorten_error(error) or None,
                 token,
-            )
+            ]
         else:  # not known for this term (a reset, a state save that failed): read it again
             self._term = None
         self._unwritten += 1
-        run = FinishedRun(
-            self._job,
-            token,
-            self._node_id,
-            outcome,
-            scheduled_at,
-            error,
-            self._retention_s,
-            started_at,
-            duration_s,
-            self._history,
+        run = _finished_run(
+            (
+                self._job,
+                token,
+                self._node_id,
+                outcome,
+                scheduled_at,
+                error,
+                self._retention_s,
+                started_at,
+                duration_s,
+                self._history,
+                None,
+                1,
+                None,
+            )
         )
         if self._held is not None:
             self._put_held(token, timeout_s)
@@ -312,10 +324,10 @@ class Progress:
         ):
             fresh = self._fresh
             if fresh is not None:
-                self._fresh = (iteration, at, *fresh[2:])
+                fresh[0], fresh[1] = iteration, at
             elif self._cached is not None:
                 cached = self._cached
-                self._cached = Checkpoint(
+                self._cached = _checkpoint(
                     iteration,
                     at,
                     cached.last_scheduled_at,

@@ -29,10 +29,11 @@ from typing import TypeVar
 from .._aio import Supervisor, within
 from .._checkpoint import Checkpoint, from_unix_us, to_unix_us
 from .._clock import Clock
+from .._frozen import maker
 from .._history import cursor_of
 from .._job.context import JobContext
 from .._job.spec import JobSpec
-from .._outcomes import DropReason, JobStats, Outcome, RunRecord
+from .._outcomes import OUTCOME_WORDS, DropReason, JobStats, Outcome, RunRecord
 from .._schedule import count_instants, latest_instant, policy_of
 from .._store.base import ClaimResult
 from .._telemetry import NOT_LEADER, Telemetry
@@ -51,6 +52,10 @@ from .misfire import (
 from .progress import Progress, no_checkpoint
 
 __all__ = ["JobRunner"]
+
+_job_context = maker(JobContext)
+"""``JobContext``, made once per run: every field in order, positionally (its event loop
+the run's, which its ``__post_init__`` would look up)."""
 
 logger = logging.getLogger("fastapi_singletonjob.runner")
 
@@ -315,15 +320,16 @@ class JobRunner:
             self._backfill(token, checkpoint)
             iteration = (checkpoint.iteration if checkpoint is not None else 0) + 1
         self._store_answered()
-        return JobContext(
-            job=self.spec.name,
-            node_id=self.node,
-            fencing_token=token,
-            scheduled_at=scheduled_at,
-            started_at=started_at,
-            iteration=iteration,
-            checkpoint=checkpoint,
-            _run=self,
+        return _job_context(
+            self.spec.name,
+            self.node,
+            token,
+            scheduled_at,
+            started_at,
+            iteration,
+            checkpoint,
+            self,
+            asyncio.get_running_loop(),
         )
 
     async def _claim(self, token: int, scheduled_at: datetime) -> DropReason | None:
@@ -749,7 +755,9 @@ class JobRunner:
         handover of it waits for its records, so that the successor reads them."""
         if self.progress is None:
             return
-        timeout_s = self.time_left() if most_s is None else min(self.time_left(), most_s)
+        timeout_s = self._leadership.time_left(self.spec.name)
+        if most_s is not None:
+            timeout_s = min(timeout_s, most_s)
         self._unwritten += 1
         self.progress.record(
             ctx.fencing_token,
@@ -758,8 +766,8 @@ class JobRunner:
             finished_at,
             error,
             timeout_s,
-            started_at=ctx.started_at,
-            duration_s=duration_s,
+            ctx.started_at,
+            duration_s,
         )
 
     def _written(self, token: int, sent_at: float, answered: bool) -> None:
@@ -808,6 +816,6 @@ class JobRunner:
             ctx.job,
             ctx.iteration,
             ctx.node_id,
-            outcome.value,
+            OUTCOME_WORDS[outcome],  # not .value: a lookup, on every run, logged or not
             duration_s,
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from .._checkpoint import MAX_ERROR_CHARS, FinishedRun, digits, to_unix_us
 from .._config.settings import is_name
@@ -28,6 +28,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("fastapi_singletonjob.store")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_US = timedelta(microseconds=1)
 
 
 def shorten_error(error: str | None) -> str:
@@ -83,16 +86,32 @@ class RunArgs:
     def __call__(self, runs: Sequence[FinishedRun]) -> bytes:
         """The ``run_arg`` of each of ``runs``, in order, as one value."""
         terms = self._terms
+        words = OUTCOME_WORDS
         parts: list[str] = []
         add = parts.append
         for run in runs:
-            shared = (run.token, run.retention_s, run.history, run.node_id)
-            known = terms.get(run.job)
+            (job, token, node_id, outcome, scheduled_at, error, retention, started_at) = run[:8]
+            duration_s, history, missed = run[8], run[9], run[10]
+            shared = (token, retention, history, node_id)
+            known = terms.get(job)
             if known is None or known[0] != shared:
-                known = terms[run.job] = (shared, _term_part(run))
-            add(_own_part(run))
+                known = terms[job] = (shared, _term_part(run))
+            word = words.get(outcome)
+            if missed is None and started_at is not None and word is not None:
+                # A run's own part, inline (hundreds per call): to_unix_us's arithmetic, and
+                # a naive instant fails it as there (TypeError: then _own_part says why).
+                try:
+                    scheduled_us = (scheduled_at - _EPOCH) // _ONE_US
+                    started_us = (started_at - _EPOCH) // _ONE_US
+                except TypeError:
+                    add(_own_part(run))
+                else:
+                    took_us = round(duration_s * 1e6)
+                    add(f"r {word} {scheduled_us} {started_us} {took_us if took_us > 0 else 0} ")
+            else:
+                add(_own_part(run))
             add(known[1])
-            add(_error_part(run.error))
+            add(_error_part(error) if error else "0:")
         return "".join(parts).encode()
 
 
