@@ -28,7 +28,13 @@ from fastapi import (
 )
 from waiting import wait_until
 
-from fastapi_singletonjob import ConfigurationError, JobContext, Outcome, SingletonJobs
+from fastapi_singletonjob import (
+    ConfigurationError,
+    JobContext,
+    Outcome,
+    SingletonJobs,
+    job_context,
+)
 from fastapi_singletonjob._job import dependencies as _dependencies
 from fastapi_singletonjob._run.runner import JobRunner
 from fastapi_singletonjob.testing import FakeClock
@@ -81,6 +87,10 @@ def runner(jobs: SingletonJobs, name: str) -> JobRunner:
 
 def finished(r: JobRunner, runs: int) -> Callable[[], bool]:
     return lambda: r.stats.runs >= runs
+
+
+def written(r: JobRunner) -> Callable[[], bool]:
+    return lambda: r.unwritten == 0
 
 
 async def next_runs(jobs: SingletonJobs, clock: FakeClock, *names: str) -> None:
@@ -432,6 +442,47 @@ async def test_jobs_with_only_a_context_skip_fastapis_machinery(
     await jobs.start()
     await next_runs(jobs, clock, "bare", "ctx-only")
     assert sorted(seen) == [("bare", None), ("ctx-only", "ctx-only")]
+
+
+async def test_only_code_that_can_see_the_context_is_shown_a_checkpoint(
+    jobs: SingletonJobs, clock: FakeClock
+) -> None:
+    """The runner makes a run's ``Checkpoint`` only for code that can see its context (a
+    parameter, or a dependency: ``job_context``); a job that takes none counts its runs the
+    same, exactly, in the stored record."""
+    shown: list[JobContext] = []
+
+    @jobs.fixed_rate("bare", every=EVERY_S)
+    async def bare() -> None:
+        pass
+
+    @jobs.fixed_rate("takes-ctx", every=EVERY_S)
+    async def takes_ctx(ctx: JobContext) -> None:
+        shown.append(ctx)
+
+    def stamp(ctx: Annotated[JobContext, Depends(job_context)]) -> int:
+        return ctx.iteration
+
+    @jobs.fixed_rate("through-a-dependency", every=EVERY_S)
+    async def through(iteration: Annotated[int, Depends(stamp)]) -> None:
+        pass
+
+    calls = {name: jobs.jobs[name].call for name in ("bare", "takes-ctx", "through-a-dependency")}
+    assert {name: call.sees_context for name, call in calls.items()} == {
+        "bare": False,
+        "takes-ctx": True,
+        "through-a-dependency": True,
+    }
+    await jobs.start()
+    for _ in range(3):
+        await next_runs(jobs, clock, *calls)
+
+    assert [ctx.iteration for ctx in shown] == [1, 2, 3]
+    assert [ctx.checkpoint.iteration if ctx.checkpoint else 0 for ctx in shown] == [0, 1, 2]
+    for name in calls:
+        await wait_until(written(runner(jobs, name)), RUN_TIMEOUT_S, f"{name}'s records")
+        stored = await jobs.checkpoint(name)
+        assert stored is not None and stored.iteration == 3, name
 
 
 # -- refused at registration --------------------------------------------------------------

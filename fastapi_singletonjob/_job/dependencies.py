@@ -68,7 +68,7 @@ async def job_context() -> JobContext:
 class JobCall:
     """How to call one job function: its parameters, resolved per run."""
 
-    __slots__ = ("_context_only", "_dependant", "func", "job", "trivial")
+    __slots__ = ("_context_only", "_dependant", "func", "job", "sees_context", "trivial")
 
     def __init__(self, job: str, func: Callable[..., Any]) -> None:
         self.job = job
@@ -93,6 +93,10 @@ class JobCall:
         self.trivial = len(self._context_only) == len(dependant.dependencies) and not any(
             getattr(dependant, field, None) for field in _REQUEST_ONLY
         )
+        self.sees_context = not self.trivial or any(self._context_only)
+        """Whether the function or a dependency of it can see the run's ``JobContext`` (a
+        parameter, ``job_context``): else nothing of it is made only to be shown (the runner
+        makes no ``Checkpoint`` for it)."""
         # A trivial call is never solved: keep none of FastAPI's objects (~1.5 KB a job).
         self._dependant: Dependant | None = None if self.trivial else dependant
 

@@ -129,6 +129,13 @@ class Progress:
         return self._term == token
 
     @property
+    def iteration(self) -> int:
+        """The stored ``iteration`` as this node knows it (0 for none), without making the
+        ``Checkpoint`` (``cached``)."""
+        fresh, cached = self._fresh, self._cached
+        return fresh[0] if fresh is not None else cached.iteration if cached else 0
+
+    @property
     def cached(self) -> Checkpoint | None:
         """The checkpoint as this node knows it (current when ``loaded_for`` the term)."""
         fresh = self._fresh
@@ -201,8 +208,7 @@ class Progress:
             return
         success = outcome is Outcome.SUCCESS
         if self._term == token and self._state_known:
-            fresh, cached = self._fresh, self._cached
-            before = fresh[0] if fresh is not None else cached.iteration if cached else 0
+            before = self.iteration
             self._fresh = [
                 before + success,
                 completed_at,

@@ -299,8 +299,11 @@ class JobRunner:
             self._iteration += 1
             iteration = self._iteration
         elif self.progress.loaded_for(token):  # within a term: no read, no await
-            checkpoint = self.progress.cached
-            iteration = (checkpoint.iteration if checkpoint is not None else 0) + 1
+            if self.spec.call.sees_context:
+                checkpoint = self.progress.cached
+                iteration = (checkpoint.iteration if checkpoint is not None else 0) + 1
+            else:  # a context nobody sees shows no checkpoint: none is made for it
+                iteration = self.progress.iteration + 1
         else:
             sent_at = self.clock.monotonic()
             try:
