@@ -1346,9 +1346,11 @@ def _defaults_cost(cpu: Json) -> list[str]:
         "it, with the other records of that loop turn in one script call: the run's duration "
         "is the body's, and the client's CPU the defaults add is the record's bookkeeping in "
         "the run (the node's copy of the checkpoint, the answer told to the job's runner), "
-        "its encoding, and the script call with its reply. A tick that comes while a run has "
-        "not ended is dropped (*overlap*), and one the event loop reaches after a later tick "
-        "was due is dropped as *late*.",
+        "its encoding, and the script call with its reply. The bodies here take no "
+        "`JobContext`, so no `Checkpoint` is made for their runs (nothing could read it); a "
+        "body that takes one also costs the making of its run's `Checkpoint`. A tick that "
+        "comes while a run has not ended is dropped (*overlap*), and one the event loop "
+        "reaches after a later tick was due is dropped as *late*.",
         "",
     ]
 
