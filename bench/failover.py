@@ -85,13 +85,13 @@ def monitor(url: str, out: Path) -> None:
 
     client = redis.Redis.from_url(url, decode_responses=True)
     client.config_set("notify-keyspace-events", "Kgx$")
-    pubsub = client.pubsub()  # type: ignore[no-untyped-call]
+    pubsub = client.pubsub()  # type: ignore[no-untyped-call, unused-ignore]
     pubsub.psubscribe("__keyspace@0__:singletonjob:*:lock")
     while pubsub.get_message(timeout=5.0) is None:  # the subscription's confirmation
         pass
     with open(out, "a", buffering=1) as journal:
         say("ready")
-        for message in pubsub.listen():
+        for message in pubsub.listen():  # type: ignore[no-untyped-call, unused-ignore]
             received = now()
             if message["type"] == "pmessage":
                 key = message["channel"].split(":", 1)[1]

@@ -119,7 +119,7 @@ async def test_the_url_form_has_one_runner_and_a_pushed_handover_and_shows_no_pa
 async def test_the_client_form_from_master_for_keeps_working(
     topology: SentinelTopology, unique_project: str
 ) -> None:
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         [(HOST, s.port) for s in topology.sentinels],
         sentinel_kwargs={"password": SENTINEL_PASSWORD},
         password=PASSWORD,

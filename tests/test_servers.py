@@ -329,8 +329,8 @@ async def test_proxy_silence_subscribers_spares_other_connections(
         later = client.pubsub()
         await later.subscribe(channel)  # a new subscription works
         assert (await later.get_message(timeout=2.0) or {}).get("type") == "subscribe"
-        await later.aclose()  # type: ignore[no-untyped-call]
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await later.aclose()  # type: ignore[no-untyped-call, unused-ignore]
+        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
 
 
 async def test_proxy_close_aborts_connections(redis_server: RedisServer) -> None:

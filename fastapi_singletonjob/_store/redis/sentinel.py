@@ -43,7 +43,7 @@ class SentinelLeaseStore(RedisStore):
             "socket_timeout": connect_timeout_s,
             "retry": Retry(NoBackoff(), 0),
         }
-        self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        self._sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
             address.sentinels,
             sentinel_kwargs={
                 **asking,
