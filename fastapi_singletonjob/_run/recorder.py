@@ -120,10 +120,7 @@ class Recorder:
                 for (run, put_at, _, written), iteration in zip(
                     batch, recorded.iterations, strict=True
                 ):
-                    try:  # _call's, inline: hundreds of records per answer
-                        written(run, put_at, iteration, at)
-                    except Exception:
-                        logger.exception(_CALLBACK_FAILED)
+                    _call(written, run, put_at, iteration, at)
         finally:
             self._flusher = None
 
@@ -178,7 +175,4 @@ def _call(
     try:
         written(run, put_at, outcome, at)
     except Exception:
-        logger.exception(_CALLBACK_FAILED)
-
-
-_CALLBACK_FAILED = "a run record's callback failed"
+        logger.exception("a run record's callback failed")
