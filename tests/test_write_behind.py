@@ -221,3 +221,35 @@ async def test_a_record_call_that_never_returns_is_abandoned(
     await clock.advance(10.0)
     after = await store.read_checkpoint("prices")
     assert before is not None and after is not None and after.iteration > before.iteration
+
+
+async def test_a_stop_waits_for_a_record_no_longer_than_a_lease_and_says_so(
+    make: Factory, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store never answers the record of a run that just ended: the stop hands the lock
+    over once a lock expiry has passed (the record's own bound, the term's time left, at least
+    a lock expiry less a heartbeat, plus the recorder's ``OVERRUN_S``, comes later), and says
+    which job's record it did not wait for."""
+    jobs = make(heartbeat_interval=0.2, lock_expiry=3.0)
+
+    @jobs.fixed_rate("prices", every=1.0)
+    async def prices() -> None:
+        pass
+
+    await jobs.start()
+    await clock.advance(1.5)
+    store = engine(jobs).store
+
+    async def never(runs: Sequence[FinishedRun], **kwargs: Any) -> Recorded:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    store.record_runs = never  # type: ignore[method-assign]
+    await clock.advance(0.55)  # a run whose record is stuck, just now
+    assert engine(jobs).runners["prices"].unwritten == 1
+    began = clock.monotonic()
+    with caplog.at_level(logging.WARNING, logger="fastapi_singletonjob"):
+        await stop(jobs, clock)
+    assert clock.monotonic() - began <= 3.0 + 0.2
+    late = [r.getMessage() for r in caplog.records if "still unanswered" in r.getMessage()]
+    assert len(late) == 1 and "prices" in late[0] and "3s" in late[0], late

@@ -386,13 +386,19 @@ class Engine:
         """Wait until the records of ``jobs``' runs are written, before their locks go: the
         successor reads them (``iteration`` stays exact across a graceful handover). Each
         record is bounded by its own deadline; this by the longest lease, as a backstop."""
-        writes = {
-            asyncio.ensure_future(self.runners[job].written())
-            for job in jobs
-            if self.runners[job].unwritten
-        }
-        for write in await wait_all(writes, self._longest_lease_s, self.clock):
+        waiting = [job for job in jobs if self.runners[job].unwritten]
+        writes = {asyncio.ensure_future(self.runners[job].written()) for job in waiting}
+        late = await wait_all(writes, self._longest_lease_s, self.clock)
+        for write in late:
             write.cancel()
+        if late:
+            logger.warning(
+                "node %s: records of %s were still unanswered after %gs; their locks go "
+                "anyway (the successor may not read the last of them)",
+                self.settings.node_id,
+                ", ".join(job for job in waiting if self.runners[job].unwritten),
+                self._longest_lease_s,
+            )
 
     async def _leave(self) -> None:
         """Leave the membership at once (else the record expires one lock expiry later)."""
