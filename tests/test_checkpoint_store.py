@@ -684,6 +684,43 @@ async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced
 
 
 @pytest.mark.redis
+async def test_redis_a_record_callback_that_raises_keeps_no_other_from_hearing(
+    fresh_redis: RedisServerFactory, unique_project: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The answers of one call go to each record's callback in order: one that raises is
+    logged, and the records after it in the same call still hear theirs."""
+    server = fresh_redis()
+    store = RedisLeaseStore(unique_project, url=server.url)
+    recorder = Recorder(store, clock=SYSTEM_CLOCK)
+    jobs = [f"job-{i}" for i in range(5)]
+    told: dict[str, object] = {}
+
+    def tell(run: FinishedRun, put_at: float, iteration: object, at: object) -> None:
+        told[run.job] = iteration
+        if run.job in ("job-1", "job-3"):
+            raise RuntimeError(f"callback of {run.job} broke")
+
+    try:
+        replies = await store.elect("n1#nonce", [LeaseRequest(job, TTL_S) for job in jobs])
+        await store.record_runs([])  # loads the script: the five go in one call
+        with caplog.at_level(logging.ERROR, logger="fastapi_singletonjob"):
+            for reply in replies:
+                assert reply.token is not None
+                run = FinishedRun(
+                    reply.job, reply.token, "n1", Outcome.SUCCESS, SCHEDULED, None, RETENTION_S
+                )
+                recorder.put(run, 5.0, tell)
+            await wait_until(lambda: len(told) == len(jobs), 5.0, "every record answered")
+    finally:
+        await recorder.aclose()
+        await store.aclose()
+
+    assert told == dict.fromkeys(jobs, 1)
+    broke = [r for r in caplog.records if "callback failed" in r.getMessage()]
+    assert len(broke) == 2 and all(r.exc_info for r in broke), broke
+
+
+@pytest.mark.redis
 async def test_redis_a_bad_value_fails_before_any_traffic(
     fresh_redis: RedisServerFactory, unique_project: str
 ) -> None:

@@ -15,6 +15,8 @@ from fake_nodes import stop
 
 from fastapi_singletonjob import DropReason, JobContext, Outcome, SingletonJobs
 from fastapi_singletonjob._engine.engine import Engine
+from fastapi_singletonjob._run import ticker as ticker_module
+from fastapi_singletonjob._run.runner import JobRunner
 from fastapi_singletonjob.testing import FakeClock
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -474,6 +476,65 @@ async def test_custom_schedule_that_ends_releases_the_lock(
     ).instants
     lease = engine(jobs).elector.leases["twice"]
     assert not lease.wanted and lease.token is None and lease.value is None
+
+
+class Counted:
+    """A custom schedule that counts its calls: ticks every second."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def next_fire(self, after: datetime) -> datetime | None:
+        self.calls += 1
+        return after.replace(microsecond=0) + timedelta(seconds=1)  # the next whole second
+
+
+async def test_jobs_declared_alike_share_the_math_of_their_instants(
+    make: Factory, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs whose schedules are equal built-in ones (``FixedRate``, ``Cron``) have their next
+    instant computed once per instant for all of them, and each runs every instant of its
+    own grid; a custom schedule is asked for every job, every time (it may be anything)."""
+    computed: list[str] = []
+    next_fire = ticker_module._next_fire
+
+    def counting(runner: JobRunner, after: datetime) -> datetime | None:
+        computed.append(runner.spec.name)
+        return next_fire(runner, after)
+
+    monkeypatch.setattr(ticker_module, "_next_fire", counting)
+    jobs = make()
+    runs: dict[str, list[datetime]] = {}
+    customs = [Counted(), Counted()]
+    names = [f"alike-{i}" for i in range(5)]
+    for name in [*names, "offset", "custom-0", "custom-1"]:
+
+        async def body(ctx: JobContext) -> None:
+            runs.setdefault(ctx.job, []).append(ctx.scheduled_at)
+
+        if name == "offset":
+            jobs.fixed_rate(name, every=1.0, offset=0.5)(body)
+        elif name.startswith("custom"):
+            jobs.schedule(name, customs[int(name[-1])])(body)
+        else:
+            jobs.fixed_rate(name, every=1.0)(body)
+
+    await jobs.start()
+    await clock.advance(10.0)
+    grid = runs[names[0]]
+    assert len(grid) >= 9 and all(b - a == timedelta(seconds=1) for a, b in pairwise(grid))
+    assert all(runs[name] == grid for name in names), runs
+    assert all(runs[f"custom-{i}"] == grid for i in range(2)), runs
+    offset = runs["offset"]
+    assert len(offset) >= 9 and all(b - a == timedelta(seconds=1) for a, b in pairwise(offset))
+    assert all(instant.microsecond == 500_000 for instant in offset), offset
+    # Past the start (two per job: the first instant and the one after it), per instant:
+    # one computation for the five alike (not five), one for the offset job, and one for
+    # each custom job.
+    shared = [name for name in computed if not name.startswith("custom")]
+    assert len(shared) <= 2 * 6 + 2 * len(grid), computed
+    assert all(computed.count(f"custom-{i}") >= len(grid) for i in range(2)), computed
+    assert all(counted.calls >= len(grid) for counted in customs)
 
 
 async def test_a_failing_schedule_is_logged_and_resigned(

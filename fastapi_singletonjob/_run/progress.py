@@ -35,8 +35,9 @@ logger = logging.getLogger("fastapi_singletonjob.checkpoint")
 
 _checkpoint = maker(Checkpoint)
 """``Checkpoint``, made once per run: its fields in order, positionally."""
-_finished_run = FinishedRun._make
-"""``FinishedRun`` from all its fields in order (no keyword parsing: one per run)."""
+_new = tuple.__new__
+"""``FinishedRun`` from all its fields in order: ``_new(FinishedRun, fields)``, its
+``_make`` without the Python call around it (no keyword parsing: one per run)."""
 
 _Fresh = list[Any]
 """A record's change to the checkpoint: ``iteration``, ``last_completed_at``,
@@ -208,19 +209,28 @@ class Progress:
             return
         success = outcome is Outcome.SUCCESS
         if self._term == token and self._state_known:
-            before = self.iteration
-            self._fresh = [
-                before + success,
-                completed_at,
-                scheduled_at,
-                OUTCOME_WORDS[outcome],
-                None if success else shorten_error(error) or None,
-                token,
-            ]
+            fresh = self._fresh
+            if fresh is None:
+                cached = self._cached
+                before = cached.iteration if cached is not None else 0
+                self._fresh = [
+                    before + success,
+                    completed_at,
+                    scheduled_at,
+                    OUTCOME_WORDS[outcome],
+                    None if success else shorten_error(error) or None,
+                    token,
+                ]
+            else:  # changed in place: no list per run that outlives a young collection
+                fresh[0] += success
+                fresh[1], fresh[2], fresh[3] = completed_at, scheduled_at, OUTCOME_WORDS[outcome]
+                fresh[4] = None if success else shorten_error(error) or None
+                fresh[5] = token
         else:  # not known for this term (a reset, a state save that failed): read it again
             self._term = None
         self._unwritten += 1
-        run = _finished_run(
+        run = _new(
+            FinishedRun,
             (
                 self._job,
                 token,
@@ -235,7 +245,7 @@ class Progress:
                 None,
                 1,
                 None,
-            )
+            ),
         )
         if self._held is not None:
             self._put_held(token, timeout_s)

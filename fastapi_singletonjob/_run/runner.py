@@ -259,7 +259,9 @@ class JobRunner:
         started_at = self.clock.now()
         if gate is None:
             self.stats.running_since = started_at
-        self._current = run = asyncio.create_task(
+        # The loop's own create_task (its task factory, if any): asyncio.create_task adds two
+        # Python calls around it, on every run.
+        self._current = run = asyncio.get_running_loop().create_task(
             self._supervise(token, scheduled_at, started_at, claim, gate), name=self._task_name
         )
         # After the task: its first step (up to the job's first await) then comes before the

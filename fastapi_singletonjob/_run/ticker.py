@@ -30,7 +30,7 @@ from .._aio import Pacer
 from .._clock import Clock
 from .._errors import ScheduleError
 from .._outcomes import DropReason
-from .._schedule import count_instants, latest_instant
+from .._schedule import Cron, FixedRate, Schedule, count_instants, latest_instant
 from .runner import JobRunner
 
 __all__ = ["MAX_SLEEP_S", "Ticker"]
@@ -42,6 +42,9 @@ MAX_SLEEP_S = 60.0
 _MAX_COUNTED_TICKS = 10_000
 _BATCH = 64
 """Runs started between two yields to the event loop when many jobs share an instant."""
+_PURE = (FixedRate, Cron)
+"""The schedules whose ``next_fire`` depends on their fields and its argument only: jobs with
+equal ones share the math of their next instants (``Ticker._following``)."""
 
 
 class _Slot:
@@ -57,6 +60,7 @@ class _Slot:
         "previous",
         "rank",
         "runner",
+        "shared",
         "waiting",
     )
 
@@ -82,6 +86,9 @@ class _Slot:
         """The next run as the status shows it (None: unknown, or none to come)."""
         self.failure: BaseException | None = None
         """Why the job's schedule failed on this node, if it did: nothing of it fires again."""
+        self.shared: Schedule | None = None
+        """The one object of the jobs whose schedules are equal and pure (``_PURE``), whose
+        instants the timer computes once for all of them; None for a custom schedule."""
 
 
 class Ticker:
@@ -113,12 +120,21 @@ class Ticker:
         self._fired: list[tuple[_Slot, datetime | None]] = []
         """Slots fired since the last yield, to arm once their runs have begun."""
         self._slots: dict[str, _Slot] = {}
+        self._shared: dict[Schedule, Schedule] = {}
+        """One object per distinct pure schedule (``_Slot.shared``)."""
+        self._last: tuple[Schedule | None, datetime | None, datetime | None] = (None, None, None)
+        """The last instant computed of a shared schedule: (schedule, after, next instant).
+        The jobs of one instant are armed one after the other, so a thousand jobs declared
+        alike cost one computation of their next instant, not a thousand."""
         self._stopped = False
         """Set by ``stop_waiting``: a run that ends arms nothing any more."""
 
     def add(self, runner: JobRunner) -> None:
         """Time the runs of ``runner``'s job (before ``run``)."""
-        self._slots[runner.spec.name] = _Slot(runner, self._clock.now())
+        slot = self._slots[runner.spec.name] = _Slot(runner, self._clock.now())
+        schedule = runner.spec.schedule
+        if type(schedule) in _PURE:
+            slot.shared = self._shared.setdefault(schedule, schedule)
 
     # -- what the status reads ------------------------------------------------------------
 
@@ -347,7 +363,7 @@ class Ticker:
 
     def _next_instant(self, slot: _Slot) -> None:
         try:
-            due = _next_fire(slot.runner, slot.previous)
+            due = self._following(slot, slot.previous)
         except Exception as exc:
             self._crash(slot, exc)
             return
@@ -362,11 +378,24 @@ class Ticker:
             self._retire(runner)
             return
         try:
-            slot.following = _next_fire(runner, due)
+            slot.following = self._following(slot, due)
         except Exception as exc:
             self._crash(slot, exc)
             return
         self._arm_instant(slot, due)
+
+    def _following(self, slot: _Slot, after: datetime) -> datetime | None:
+        """``slot``'s next instant after ``after``: computed, or that of the job armed just
+        before when both share their schedule (``_Slot.shared``)."""
+        shared = slot.shared
+        if shared is not None:
+            schedule, since, instant = self._last
+            if schedule is shared and since == after:
+                return instant
+        instant = _next_fire(slot.runner, after)
+        if shared is not None:
+            self._last = (shared, after, instant)
+        return instant
 
     def _arm_instant(self, slot: _Slot, due: datetime) -> None:
         due_at = self._instants.get(due)

@@ -75,13 +75,18 @@ class RunArgs:
     """``RECORD_RUN``'s ``ARGV`` for the runs of many jobs, in one value: their
     ``run_arg``s one after the other, UTF-8. Each term's part of a run (its token,
     retention, history, job and node id, checked) is encoded once per job and term rather
-    than once per record: hundreds of records go in one call, and each costs the client a
-    fraction of a tick."""
+    than once per record, and an instant shared by the records of one call (the jobs of one
+    fixed-rate instant) once per call: hundreds of records go in one call, and each costs
+    the client a fraction of a tick."""
 
     __slots__ = ("_terms",)
 
     def __init__(self) -> None:
-        self._terms: dict[str, tuple[tuple[int, float, int, str], str]] = {}
+        self._terms: dict[str, tuple[int, float, int, str, str]] = {}
+        """Per job: the token, retention, history and node id of its last record, and the
+        term part they make (``_term_part``). The last three are the same objects from run
+        to run (its ``Progress``'s), so they are told apart by identity (a new object only
+        costs an encoding more)."""
 
     def __call__(self, runs: Sequence[FinishedRun]) -> bytes:
         """The ``run_arg`` of each of ``runs``, in order, as one value."""
@@ -89,29 +94,37 @@ class RunArgs:
         words = OUTCOME_WORDS
         parts: list[str] = []
         add = parts.append
+        instant: datetime | None = None
+        instant_us = 0
         for run in runs:
             (job, token, node_id, outcome, scheduled_at, error, retention, started_at) = run[:8]
             duration_s, history, missed = run[8], run[9], run[10]
-            shared = (token, retention, history, node_id)
             known = terms.get(job)
-            if known is None or known[0] != shared:
-                known = terms[job] = (shared, _term_part(run))
+            if (
+                known is None
+                or known[0] != token
+                or known[1] is not retention
+                or known[2] is not history
+                or known[3] is not node_id
+            ):
+                known = terms[job] = (token, retention, history, node_id, _term_part(run))
             word = words.get(outcome)
             if missed is None and started_at is not None and word is not None:
                 # A run's own part, inline (hundreds per call): to_unix_us's arithmetic, and
                 # a naive instant fails it as there (TypeError: then _own_part says why).
                 try:
-                    scheduled_us = (scheduled_at - _EPOCH) // _ONE_US
+                    if scheduled_at is not instant:
+                        instant_us = (scheduled_at - _EPOCH) // _ONE_US
+                        instant = scheduled_at
                     started_us = (started_at - _EPOCH) // _ONE_US
                 except TypeError:
-                    add(_own_part(run))
+                    own = _own_part(run)
                 else:
                     took_us = round(duration_s * 1e6)
-                    add(f"r {word} {scheduled_us} {started_us} {took_us if took_us > 0 else 0} ")
+                    own = f"r {word} {instant_us} {started_us} {took_us if took_us > 0 else 0} "
             else:
-                add(_own_part(run))
-            add(known[1])
-            add(_error_part(error) if error else "0:")
+                own = _own_part(run)
+            add(f"{own}{known[4]}{_error_part(error) if error else '0:'}")
         return "".join(parts).encode()
 
 
