@@ -41,8 +41,8 @@ def parse_lock_value(value: str | None) -> tuple[int | None, str | None]:
     """Split ``"<token>|<owner id>"``; a value written by something else has no token.
 
     The token must be 1 to 19 ASCII digits and fit a signed 64-bit integer, the owner id must
-    not be empty: anything else, however long or odd, is returned whole as ``(None, value)``
-    and never raises.
+    be printable and not empty (a node id is printable, its nonce hex digits): anything else,
+    however long or odd, is returned whole as ``(None, value)`` and never raises.
     """
     if value is None:
         return None, None
@@ -50,6 +50,7 @@ def parse_lock_value(value: str | None) -> tuple[int | None, str | None]:
     if (
         sep
         and owner
+        and owner.isprintable()
         and 0 < len(token) <= _MAX_TOKEN_DIGITS
         and token.isascii()
         and token.isdigit()

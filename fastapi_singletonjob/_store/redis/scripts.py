@@ -122,16 +122,19 @@ end
 # Returns first 1 when the caller's membership record is stored, 0 when ARGV[2] was "" and the
 # record is missing (expired, or Redis lost it) or was not the caller's (deleted, see below):
 # the caller sends it whole on its next call.
-# Then, for each job, in order, four values:
-#   1 if the caller holds the lock after the call (acquired or renewed), 0 if not, -1 if
-#   acquiring failed (the error message then comes second, e.g. "OOM ..." under noeviction,
-#   "READONLY ..." on a replica: the caller raises StoreReadOnly for the latter; or the lock
-#   key is of another type than string, foreign: nobody takes it until it goes);
-#   the lock's value "<token>|<holder>" after the call (or the error message);
-#   the lock's remaining time to live in milliseconds (-1: no expiry, or an error);
-#   the job's controls as bits: 1 paused; 2 an extra run asked for, 4 a step-down asked
-#   for, and 8 the checkpoint reset (``RESET_CHECKPOINT``), each of these three consumed
-#   (deleted) by this call, and only ever reported to the lock's holder.
+# Then, for each job, in order, one string "<status> <ttl> <controls> <value>" (" <value>"
+# left out when the lock is free: no value), so that a reply for a thousand jobs is a
+# thousand strings for the client to parse, not four thousand values:
+#   status: 1 if the caller holds the lock after the call (acquired or renewed), 0 if not, -1
+#   if acquiring failed (the error message is then the value, e.g. "OOM ..." under
+#   noeviction, "READONLY ..." on a replica: the caller raises StoreReadOnly for the latter;
+#   or the lock key is of another type than string, foreign: nobody takes it until it goes);
+#   ttl: the lock's remaining time to live in milliseconds (-1: no expiry, or an error);
+#   controls: the job's controls as bits: 1 paused; 2 an extra run asked for, 4 a step-down
+#   asked for, and 8 the checkpoint reset (``RESET_CHECKPOINT``), each of these three
+#   consumed (deleted) by this call, and only ever reported to the lock's holder;
+#   value: the lock's value "<token>|<holder>" after the call (or the error message), last
+#   and whole: it may hold spaces (anybody may write a lock key).
 #   The controls hash is read once (HLEN, then HGETALL only when it is not empty).
 # Then the server time in ms and the placement epoch; and, when that epoch is not ARGV[4] and
 # the caller keeps a membership record, the placement hash's fields and values, flat; then a
@@ -343,10 +346,11 @@ for i = 1, (#KEYS - 4) / 3 do
       flags = flags + 8
     end
   end
-  table.insert(out, status)
-  table.insert(out, value)
-  table.insert(out, left)
-  table.insert(out, flags)
+  local reply = status .. ' ' .. string.format('%d', left) .. ' ' .. flags
+  if value then
+    reply = reply .. ' ' .. value
+  end
+  table.insert(out, reply)
 end
 local epoch = redis.call('HGET', KEYS[4], '#epoch') or '0'
 local placement = {{}}

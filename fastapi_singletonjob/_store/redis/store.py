@@ -176,28 +176,29 @@ class RedisStore:
             self._subscription.echo_sent()
         if member is not None:
             member.confirmed(int(raw[0]) == 1)
-            server_ms, epoch, *flat = raw[4 * len(requests) + 1 :]
+            server_ms, epoch, *flat = raw[len(requests) + 1 :]
             member.placed(int(server_ms), _text(epoch) or "", [_text(x) or "" for x in flat])
         replies = []
-        for i, request in enumerate(requests):
-            status, value, ttl_ms, flags = raw[4 * i + 1 : 4 * i + 5]
-            if int(status) < 0:  # the free lock could not be written: value is the error
-                error = _text(value)
-                if error is not None and error.startswith(_READ_ONLY_PREFIX):
+        for request, answer in zip(requests, raw[1 : len(requests) + 1], strict=True):
+            # "<status> <ttl ms> <controls>[ <value>]": the value last, whole (ELECT)
+            status, ttl_ms, flags, *rest = answer.split(b" ", 3)
+            value = _text(rest[0]) if rest else None
+            if status[0] == 45:  # b"-": the free lock could not be written: value is the error
+                if value is not None and value.startswith(_READ_ONLY_PREFIX):
                     raise await topology.read_only("a read-only replica")
-                replies.append(LeaseReply(request.job, False, None, None, error))
+                replies.append(LeaseReply(request.job, False, None, None, value))
                 continue
-            ttl_s = None if int(ttl_ms) < 0 else int(ttl_ms) / 1000
+            controls = int(flags)
             replies.append(
                 LeaseReply(
                     request.job,
-                    int(status) == 1,
-                    _text(value),
-                    ttl_s,
-                    paused=bool(int(flags) & 1),
-                    triggered=bool(int(flags) & 2),
-                    step_down=bool(int(flags) & 4),
-                    checkpoint_reset=bool(int(flags) & 8),
+                    status == b"1",
+                    value,
+                    None if ttl_ms[0] == 45 else int(ttl_ms) / 1000,
+                    paused=bool(controls & 1),
+                    triggered=bool(controls & 2),
+                    step_down=bool(controls & 4),
+                    checkpoint_reset=bool(controls & 8),
                 )
             )
         if not self._checked_server:
