@@ -9,6 +9,7 @@ server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -636,6 +637,20 @@ async def test_redis_one_write_is_one_script_call(
     )
 
 
+@contextlib.asynccontextmanager
+async def redis_recorder(
+    server: RedisServer, project: str
+) -> AsyncIterator[tuple[RedisLeaseStore, Recorder]]:
+    """A store of ``project`` on ``server`` and a ``Recorder`` on it, both closed after."""
+    store = RedisLeaseStore(project, url=server.url)
+    recorder = Recorder(store, clock=SYSTEM_CLOCK)
+    try:
+        yield store, recorder
+    finally:
+        await recorder.aclose()
+        await store.aclose()
+
+
 @pytest.mark.redis
 async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced(
     fresh_redis: RedisServerFactory, unique_project: str
@@ -644,15 +659,13 @@ async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced
     call for 51 jobs ending on one instant, and each job of the batch is fenced on its own (a
     stale token is refused without refusing the others)."""
     server = fresh_redis()
-    store = RedisLeaseStore(unique_project, url=server.url)
-    recorder = Recorder(store, clock=SYSTEM_CLOCK)
     jobs = [f"job-{i}" for i in range(51)]
     told: dict[str, object] = {}
 
     def tell(run: FinishedRun, put_at: float, iteration: object, at: object) -> None:
         told[run.job] = iteration
 
-    try:
+    async with redis_recorder(server, unique_project) as (store, recorder):
         replies = await store.elect("n1#nonce", [LeaseRequest(job, TTL_S) for job in jobs])
         tokens = [reply.token for reply in replies]
         assert all(token is not None for token in tokens)
@@ -671,9 +684,6 @@ async def test_redis_runs_that_end_together_are_recorded_in_one_call_each_fenced
                 job: client.hget(_keys.job_key(unique_project, job, "checkpoint"), "iteration")
                 for job in jobs
             }
-    finally:
-        await recorder.aclose()
-        await store.aclose()
 
     assert calls.get("evalsha", 0) == 1, calls
     for job in jobs:
@@ -689,9 +699,6 @@ async def test_redis_a_record_callback_that_raises_keeps_no_other_from_hearing(
 ) -> None:
     """The answers of one call go to each record's callback in order: one that raises is
     logged, and the records after it in the same call still hear theirs."""
-    server = fresh_redis()
-    store = RedisLeaseStore(unique_project, url=server.url)
-    recorder = Recorder(store, clock=SYSTEM_CLOCK)
     jobs = [f"job-{i}" for i in range(5)]
     told: dict[str, object] = {}
 
@@ -700,7 +707,7 @@ async def test_redis_a_record_callback_that_raises_keeps_no_other_from_hearing(
         if run.job in ("job-1", "job-3"):
             raise RuntimeError(f"callback of {run.job} broke")
 
-    try:
+    async with redis_recorder(fresh_redis(), unique_project) as (store, recorder):
         replies = await store.elect("n1#nonce", [LeaseRequest(job, TTL_S) for job in jobs])
         await store.record_runs([])  # loads the script: the five go in one call
         with caplog.at_level(logging.ERROR, logger="fastapi_singletonjob"):
@@ -711,9 +718,6 @@ async def test_redis_a_record_callback_that_raises_keeps_no_other_from_hearing(
                 )
                 recorder.put(run, 5.0, tell)
             await wait_until(lambda: len(told) == len(jobs), 5.0, "every record answered")
-    finally:
-        await recorder.aclose()
-        await store.aclose()
 
     assert told == dict.fromkeys(jobs, 1)
     broke = [r for r in caplog.records if "callback failed" in r.getMessage()]

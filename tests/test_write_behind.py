@@ -18,6 +18,7 @@ from test_runner import Factory, clock, engine, make
 from fastapi_singletonjob import DropReason, JobContext, SingletonJobs
 from fastapi_singletonjob._aio import OVERRUN_S
 from fastapi_singletonjob._checkpoint import FinishedRun, Recorded
+from fastapi_singletonjob._store.base import Store
 from fastapi_singletonjob.testing import FakeClock
 
 __all__ = ["clock", "make"]
@@ -37,6 +38,19 @@ def slow_records(jobs: SingletonJobs, clock: FakeClock, delay_s: float) -> list[
 
     store.record_runs = slow  # type: ignore[method-assign]
     return calls
+
+
+async def started_prices(jobs: SingletonJobs, clock: FakeClock) -> Store:
+    """Define a no-op job ``prices`` every second on ``jobs``, start them and let 1.5 s pass
+    (the job led and run); returns their store."""
+
+    @jobs.fixed_rate("prices", every=1.0)
+    async def prices() -> None:
+        pass
+
+    await jobs.start()
+    await clock.advance(1.5)
+    return engine(jobs).store
 
 
 async def two_counting_nodes(
@@ -192,14 +206,7 @@ async def test_a_record_call_that_never_returns_is_abandoned(
     are told so; the job does not stay busy for good. Its records failing for a lock expiry,
     the node lets the job go, and (alone) takes it back, its records written again."""
     jobs = make(lock_expiry=3.0)
-
-    @jobs.fixed_rate("prices", every=1.0)
-    async def prices() -> None:
-        pass
-
-    await jobs.start()
-    await clock.advance(1.5)
-    store = engine(jobs).store
+    store = await started_prices(jobs, clock)
     record_runs = store.record_runs
     stuck: list[int] = []
 
@@ -231,14 +238,7 @@ async def test_a_stop_waits_for_a_record_no_longer_than_a_lease_and_says_so(
     a lock expiry less a heartbeat, plus the recorder's ``OVERRUN_S``, comes later), and says
     which job's record it did not wait for."""
     jobs = make(heartbeat_interval=0.2, lock_expiry=3.0)
-
-    @jobs.fixed_rate("prices", every=1.0)
-    async def prices() -> None:
-        pass
-
-    await jobs.start()
-    await clock.advance(1.5)
-    store = engine(jobs).store
+    store = await started_prices(jobs, clock)
 
     async def never(runs: Sequence[FinishedRun], **kwargs: Any) -> Recorded:
         await asyncio.Event().wait()
