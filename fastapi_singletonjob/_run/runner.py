@@ -156,9 +156,11 @@ class JobRunner:
         """(term, instant): the first instant this node ran, or did not, in that term."""
         self._opened: int | None = None
         """The last term whose gap (``_backfill``) was looked at."""
-        self._failing: tuple[int, float] | None = None
-        """(term, since): the runs of that term could not start since that monotonic time,
-        as the store's claims or checkpoint calls failed or timed out; None once one did."""
+        self._failing: tuple[int, float, str] | None = None
+        """(term, since, cause): the runs of that term could not start since that monotonic
+        time, as the store's claims or checkpoint calls failed or timed out (the first
+        failure's cause: what a let-go names, whichever call then finds the let-go point);
+        None once one did."""
         self._let_go_timer: asyncio.Task[None] | None = None
         """Lets the job go when its store calls have failed for a lock expiry, whether or not
         a run comes then to notice (``_let_go_in_time``)."""
@@ -429,8 +431,9 @@ class JobRunner:
         """A store call of term ``token`` sent at ``sent_at`` failed or timed out; once they
         have for about a lock expiry, the job is let go (``Leadership.let_go``): this node
         cannot do its work, a healthy one should. Whether it was let go."""
-        if self._failing is None or self._failing[0] != token:
-            self._failing = (token, sent_at)
+        failing = self._failing
+        if failing is None or failing[0] != token:
+            failing = self._failing = (token, sent_at, cause)
         left_s = self._failing_left_s(token)
         if left_s is not None and left_s > 0:
             timer = self._let_go_timer
@@ -442,7 +445,7 @@ class JobRunner:
                 )
             return False
         if self.lease.let_go is None:
-            self._leadership.let_go(self.spec.name, cause)
+            self._leadership.let_go(self.spec.name, failing[2])
         return True
 
     async def _let_go_in_time(self, token: int, cause: str) -> None:
