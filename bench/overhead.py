@@ -730,6 +730,59 @@ def _cpu(quick: bool, workdir: Path, server: RedisServer) -> Json:
     }
 
 
+PAIRED = ("singletonjob_redis_defaults", "apscheduler")
+"""The pair of the side-by-side comparison: the library with its defaults on Redis, and
+APScheduler 3."""
+
+
+def _cpu_paired(quick: bool, workdir: Path, server: RedisServer) -> Json:
+    """CPU per tick of ``PAIRED``, side by side: in each round both children run at the same
+    time (one per core), so that both see the same machine; the round's figure is the ratio
+    of their CPU per tick, and the median of the rounds' ratios judges. Across separate runs
+    this machine's CPU per tick moves by a quarter (APScheduler's own median at 500 jobs went
+    from 41.2 to 28.7 µs between two runs of the same code), more than the margins judged;
+    within a round both move together."""
+    if optional("apscheduler") is None:
+        return {}
+    rounds, warmup, window = (1, 0.4, 0.6) if quick else (6, 1.5, 3.0)
+    by_jobs: Json = {}
+    for jobs in CPU_JOBS:
+        figures: dict[str, list[float]] = {name: [] for name in PAIRED}
+        for _ in range(rounds):
+            with server.client() as client:
+                client.flushall()
+            children = []
+            for name in PAIRED:
+                args = [
+                    "cpu",
+                    *("--scheduler", name, "--jobs", str(jobs), "--period", str(PERIOD_S)),
+                    *("--warmup", str(warmup), "--window", str(window)),
+                    *("--url", server.url),
+                ]
+                no_sdk = name in NO_SDK_VARIANTS
+                children.append(_start_child(f"paired-{name}-{jobs}", args, workdir, no_sdk=no_sdk))
+            try:
+                for name, child in zip(PAIRED, children, strict=True):
+                    figures[name].append(_read_json(child)["cpu_us_per_tick"])
+            finally:
+                stop_children(children, 60.0)
+        ratios = [ours / aps for ours, aps in zip(*figures.values(), strict=True)]
+        by_jobs[str(jobs)] = {
+            **{name: [round(x, 2) for x in values] for name, values in figures.items()},
+            "ratios": [round(r, 3) for r in ratios],
+            "median_ratio": stats(ratios, digits=3)["p50"],
+        }
+    return {
+        "settings": {
+            "pair": list(PAIRED),
+            "rounds": rounds,
+            "warmup_s": warmup,
+            "window_s": window,
+        },
+        "by_jobs": by_jobs,
+    }
+
+
 def _memory(quick: bool, workdir: Path) -> Json:
     """RSS per registered job: a fresh process for each count, scheduler and repeat."""
     repeats = 1 if quick else 3
@@ -781,6 +834,7 @@ def run(quick: bool, workdir: Path) -> Json:
     # Through the module: tests/servers.py (and redis) load on first use, not in every child.
     with _common.RedisServer.start(data_dir=workdir / "redis-overhead") as server:
         cpu = _cpu(quick, workdir, server)
+        cpu_paired = _cpu_paired(quick, workdir, server)
         memory = _memory(quick, workdir)
         lifecycle = _child_json(
             "lifecycle",
@@ -794,6 +848,7 @@ def run(quick: bool, workdir: Path) -> Json:
             "lifecycle_repeats": lifecycle_repeats,
         },
         "cpu": cpu,
+        "cpu_paired": cpu_paired,
         "memory": memory,
         "lifecycle": lifecycle,
         "elapsed_s": round(time.monotonic() - started, 1),

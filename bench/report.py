@@ -271,6 +271,17 @@ def cpu_goals(data: Json) -> list[tuple[str, str, str, bool | None]]:
         defaults = group.get(DEFAULTS_CPU)
         if defaults is not None:
             out += _defaults_cpu_goals(defaults, at, int(jobs) == SCRIPT_CALLS_JOBS)
+        paired = data.get("cpu_paired", {}).get("by_jobs", {}).get(jobs)
+        if paired is not None:
+            ratio = paired["median_ratio"]
+            out.append(
+                (
+                    f"CPU per tick side by side with APScheduler 3, {at}, defaults, Redis",
+                    "< 1× APScheduler 3's (median of the rounds' ratios)",
+                    f"{num(ratio, 2)}× (rounds: {', '.join(num(r, 2) for r in paired['ratios'])})",
+                    below(ratio, 1.0),
+                )
+            )
     return out
 
 
@@ -1246,6 +1257,46 @@ def _cpu_rows(group: Json, jobs: str) -> list[list[str]]:
     return rows
 
 
+def _paired_section(paired: Json) -> list[str]:
+    """The side-by-side rounds of the library's defaults on Redis and APScheduler 3."""
+    if not paired.get("by_jobs"):
+        return []
+    c = paired["settings"]
+    lines = [
+        "*Side by side.* Separate runs of one variant on this machine differ by up to a "
+        "quarter in CPU per tick (the repeats above), more than some of the margins judged. "
+        f"So the library with its defaults on Redis and APScheduler 3 also ran in {c['rounds']} "
+        f"round{'s' if c['rounds'] != 1 else ''} of their own, both children started "
+        "together (one per core, same warm-up "
+        f"of {num(c['warmup_s'], 1)} s and window of {num(c['window_s'], 1)} s): each round "
+        "gives the ratio of their CPU per tick under the same load of the machine, and the "
+        "median of the rounds' ratios is judged.",
+        "",
+    ]
+    rows = [
+        [
+            num(int(jobs)),
+            ", ".join(num(x, 1) for x in group[PAIRED_NAMES[0]]),
+            ", ".join(num(x, 1) for x in group[PAIRED_NAMES[1]]),
+            ", ".join(num(x, 2) for x in group["ratios"]),
+            _x(group["median_ratio"]),
+        ]
+        for jobs, group in paired["by_jobs"].items()
+    ]
+    header = [
+        "jobs",
+        "defaults, Redis (µs per tick, each round)",
+        "APScheduler 3 (µs per tick, each round)",
+        "ratio, each round",
+        "median ratio",
+    ]
+    return lines + table(header, rows)
+
+
+PAIRED_NAMES = ("singletonjob_redis_defaults", "apscheduler")
+"""The variants of the side-by-side rounds (``bench.overhead.PAIRED``)."""
+
+
 CPU_HEADER = [
     "jobs",
     "variant",
@@ -1401,6 +1452,7 @@ def overhead_section(results: Json) -> list[str]:
     ]
     rows = [row for jobs, group in cpu["by_jobs"].items() for row in _cpu_rows(group, jobs)]
     lines += table(CPU_HEADER, rows)
+    lines += _paired_section(data.get("cpu_paired", {}))
     lines += library_runs(cpu)
     otel = cpu.get("otel", {})
     if otel:

@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 import trustme
-from chaos.test_cluster_faults import check_tokens, kill_slot_master, overlap_s, pushed_handover
+from chaos.test_cluster_faults import (
+    check_tokens,
+    kill_slot_master,
+    overlap_s,
+    pushed_handover,
+    subscribers,
+)
 from redis.crc import key_slot
 from redis_cluster import Run, TestCluster, ticking_node
 from servers import HOST, free_port
@@ -25,7 +31,7 @@ from test_redis_tls import PREFIX, serve, tls_error_reported, write_pems
 from waiting import wait_until
 
 from fastapi_singletonjob import SingletonJobs
-from fastapi_singletonjob._store.keys import job_key
+from fastapi_singletonjob._store.keys import job_key, release_channel
 
 pytestmark = pytest.mark.redis
 
@@ -103,10 +109,16 @@ async def test_a_slot_master_sigkill_is_survived_over_tls(
     runs: list[Run] = []
     slot = key_slot(job_key(unique_project, "tick", "lock").encode())
     a, b = (make_node(tls_cluster.url(), unique_project, name, runs) for name in ("a", "b"))
+    channel = release_channel(unique_project)
     async with a, b:
         await wait_until(lambda: len(runs) >= 20, 10.0, "steady runs over TLS")
+        await wait_until(lambda: subscribers(cluster, channel) == 2, 5.0, "2 listeners")
         killed_at, promoted_at, resumed_at = await kill_slot_master(
             cluster, slot, runs, lock_expiry_s=T, timeout_s=10.0
+        )
+        # The handover is pushed only to a listener: both subscribe again on the new master.
+        await wait_until(
+            lambda: subscribers(cluster, channel) == 2, 10.0, "listeners on the new master"
         )
         handover_s = await pushed_handover(a, b)
     print(
