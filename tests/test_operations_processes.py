@@ -114,7 +114,9 @@ async def test_trigger_runs_exactly_once_on_the_leader(
     try:
 
         async def led() -> bool:
-            return (await operator.cluster_status()).jobs[0].leader is not None
+            # No job is listed until a node's first round has written its membership record.
+            listed = (await operator.cluster_status()).jobs
+            return bool(listed) and listed[0].leader is not None
 
         await wait_until(led, 5.0, "a leader")
         leader = (await operator.cluster_status()).jobs[0].leader
