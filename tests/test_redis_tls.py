@@ -124,11 +124,13 @@ async def test_rediss_with_a_ca_and_a_client_certificate_elects_and_hands_over(
         assert not follower.status().jobs[0].is_leader
         stopped_at = time.monotonic()
         await leader.stop()
-        led_at = await wait_until(
-            lambda: follower.status().jobs[0].is_leader, 2.0, "the follower leads"
-        )
+        await wait_until(lambda: follower.status().jobs[0].is_leader, 2.0, "the follower leads")
         assert follower.status().store.error is None
-    assert led_at - stopped_at < 0.4, "the release notice arrives over TLS too"
+        # Pushed, not polled: the follower heard the release notice (a bound on the time it
+        # took failed on a busy machine, where the stop itself can take longer).
+        assert follower.engine is not None
+        notice_at = follower.engine.elector._notice_at
+    assert notice_at is not None and notice_at >= stopped_at, "the release notice arrives over TLS"
 
 
 async def test_a_certificate_of_another_ca_is_reported_by_readiness(
