@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -157,36 +157,24 @@ def _discard(call: asyncio.Future[Any]) -> None:
 
 
 def _tell(batch: list[_Entry], error: Exception) -> None:
-    for run, put_at, _, written in batch:
-        _call(written, run, put_at, error, None)
+    """Tell every record of ``batch`` that its write failed with ``error``."""
+    _answer(batch, [error] * len(batch), None)
 
 
-def _answer(batch: list[_Entry], iterations: list[int | None], at: datetime) -> None:
-    """Tell each record of ``batch`` its answer, in order; a callback that raises never keeps
+def _answer(
+    batch: list[_Entry], outcomes: Sequence[int | None | Exception], at: datetime | None
+) -> None:
+    """Tell each record of ``batch`` its outcome, in order; a callback that raises never keeps
     the others from hearing. (A loop that is resumed after a failure, rather than a ``try``
     per record: hundreds of records per call.)"""
-    if len(iterations) != len(batch):
-        _tell(batch, ConnectionError(f"{len(iterations)} answers to {len(batch)} records"))
+    if len(outcomes) != len(batch):
+        _tell(batch, ConnectionError(f"{len(outcomes)} answers to {len(batch)} records"))
         return
-    answers = iter(zip(batch, iterations, strict=True))
+    answers = iter(zip(batch, outcomes, strict=True))
     while True:
         try:
-            for (run, put_at, _, written), iteration in answers:
-                written(run, put_at, iteration, at)
+            for (run, put_at, _, written), outcome in answers:
+                written(run, put_at, outcome, at)
             return
         except Exception:  # the iterator goes on with the record after the failed one
             logger.exception("a run record's callback failed")
-
-
-def _call(
-    written: Written,
-    run: FinishedRun,
-    put_at: float,
-    outcome: int | None | Exception,
-    at: datetime | None,
-) -> None:
-    """Tell one record's callback; one that raises never keeps the others from hearing."""
-    try:
-        written(run, put_at, outcome, at)
-    except Exception:
-        logger.exception("a run record's callback failed")
